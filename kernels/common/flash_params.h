@@ -1,0 +1,18 @@
+// The one parameter block every kernel family takes by value. Plain C layout so any loader can fill it
+// (autotune/launch.py mirrors it with ctypes; a test checks the size and offsets).
+#pragma once
+
+struct FlashFwdParams {
+    const void* q;    // (batch, heads,    seqlen_q, head_dim), last dim contiguous
+    const void* k;    // (batch, kv_heads, seqlen_k, head_dim), last dim contiguous
+    const void* v;    // (batch, kv_heads, seqlen_k, head_dim), last dim contiguous
+    void* o;          // (batch, heads,    seqlen_q, head_dim), last dim contiguous
+    float* lse;       // (batch, heads, seqlen_q) contiguous fp32 natural-log logsumexp, or null
+    // Strides in elements (not bytes), so (B,H,N,D) and (B,N,H,D) layouts both work without copies.
+    long long q_batch_stride, q_head_stride, q_row_stride;
+    long long k_batch_stride, k_head_stride, k_row_stride;
+    long long v_batch_stride, v_head_stride, v_row_stride;
+    long long o_batch_stride, o_head_stride, o_row_stride;
+    int batch, heads, kv_heads, seqlen_q, seqlen_k;
+    float scale_log2;  // softmax scale × log2(e): scores go straight into exp2
+};

@@ -1,0 +1,14 @@
+"""The design space of the FlashAttention forward kernel, as data. Imports nothing from autotune."""
+from .arch import ARCHES, Arch, get_arch
+from .config import (
+    FAMILIES, Axis, Config, Family, Layout, Rule, Violation, default_config, defines, enumerate_configs,
+    get_family, is_valid, layout, valid_configs, violations,
+)
+from .problem import DTYPES, HEAD_DIMS, Problem, Shape
+from . import mma_sync  # noqa: F401  (registers the family)
+
+__all__ = [
+    "ARCHES", "Arch", "get_arch", "FAMILIES", "Axis", "Config", "Family", "Layout", "Rule", "Violation",
+    "default_config", "defines", "enumerate_configs", "get_family", "is_valid", "layout", "valid_configs",
+    "violations", "DTYPES", "HEAD_DIMS", "Problem", "Shape",
+]

@@ -1,0 +1,223 @@
+"""Axes, families and the frozen Config they produce.
+
+A family is one kernel body (kernels/<family dir>/) with its own axes and constraints. The space is plain data:
+each Axis lists its domain and the macro it becomes; each Rule is a small named predicate that says why a config
+is invalid. The kernel's traits header asserts the same rules with the same names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+from .arch import Arch
+from .problem import Problem
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    values: tuple
+    macro: str
+    doc: str = ""
+    encode: Callable[[Any], int] = int  # value -> integer macro value
+
+    def macro_value(self, value) -> int:
+        return int(self.encode(value))
+
+
+@dataclass(frozen=True)
+class Violation:
+    rule: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.rule}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """check(config, problem, arch, layout) returns None when satisfied, else a message saying why not."""
+
+    name: str
+    check: Callable[..., str | None]
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Launch geometry derived from a config: the loader launches with exactly these figures."""
+
+    threads: int
+    smem_static: int
+    smem_dynamic: int
+    rows_per_block: int  # query rows covered by one CTA (grid.x = ceil(seqlen_q / rows_per_block))
+
+    @property
+    def smem_total(self) -> int:
+        return self.smem_static + self.smem_dynamic
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    source: str             # kernel source, relative to kernels/
+    entry: str              # extern "C" kernel symbol
+    axes: tuple[Axis, ...]
+    rules: tuple[Rule, ...]
+    layout: Callable[["Config", Problem], Layout]
+    default: Callable[[Problem, Arch], "Config"]
+
+    def axis(self, name: str) -> Axis:
+        for a in self.axes:
+            if a.name == name:
+                return a
+        raise KeyError(f"family {self.name!r} has no axis {name!r}")
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register_family(family: Family) -> Family:
+    FAMILIES[family.name] = family
+    return family
+
+
+def get_family(name: str) -> Family:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"family: expected one of {sorted(FAMILIES)}, got {name!r}") from None
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of the space: a family and a value for each of its axes (in axis order)."""
+
+    family: str
+    values: tuple[tuple[str, Any], ...] = field(default=())
+
+    @classmethod
+    def make(cls, family: str = "mma_sync", **values) -> "Config":
+        fam = get_family(family)
+        names = [a.name for a in fam.axes]
+        unknown = set(values) - set(names)
+        if unknown:
+            raise ValueError(f"config: family {family!r} has no axis {sorted(unknown)}; axes are {names}")
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise ValueError(f"config: missing value for axis {missing} of family {family!r}")
+        for a in fam.axes:
+            if values[a.name] not in a.values:
+                raise ValueError(f"config: axis {a.name!r} expects one of {list(a.values)}, got {values[a.name]!r}")
+        return cls(family, tuple((n, values[n]) for n in names))
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        for n, v in object.__getattribute__(self, "values"):
+            if n == name:
+                return v
+        raise AttributeError(f"Config of family {self.family!r} has no axis {name!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"family": self.family, **dict(self.values)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Config":
+        d = dict(d)
+        family = d.pop("family", "mma_sync")
+        return cls.make(family, **d)
+
+    def replace(self, **changes) -> "Config":
+        d = dict(self.values)
+        d.update(changes)
+        return Config.make(self.family, **d)
+
+    @property
+    def key(self) -> str:
+        """Stable, readable, parseable: 'mma_sync:br=128,bc=64,...'."""
+        return self.family + ":" + ",".join(f"{n}={_fmt(v)}" for n, v in self.values)
+
+    @classmethod
+    def from_key(cls, key: str) -> "Config":
+        family, _, rest = key.partition(":")
+        fam = get_family(family)
+        out = {}
+        for part in filter(None, rest.split(",")):
+            n, _, raw = part.partition("=")
+            axis = fam.axis(n)
+            out[n] = _parse(raw, axis.values)
+        return cls.make(family, **out)
+
+    def __str__(self) -> str:
+        return self.key
+
+
+def _fmt(v) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
+
+
+def _parse(raw: str, domain: tuple):
+    for v in domain:
+        if _fmt(v) == raw:
+            return v
+    raise ValueError(f"config key: value {raw!r} not in domain {list(domain)}")
+
+
+def defines(config: Config, problem: Problem) -> dict[str, int]:
+    """All -D macros for one build: problem, axes, and the launch figures the kernel must agree with."""
+    fam = get_family(config.family)
+    out = dict(problem.defines())
+    for a in fam.axes:
+        out[a.macro] = a.macro_value(getattr(config, a.name))
+    lay = fam.layout(config, problem)
+    out["AT_EXPECT_THREADS"] = lay.threads
+    out["AT_EXPECT_SMEM_STATIC"] = lay.smem_static
+    out["AT_EXPECT_SMEM_DYNAMIC"] = lay.smem_dynamic
+    return out
+
+
+def layout(config: Config, problem: Problem) -> Layout:
+    return get_family(config.family).layout(config, problem)
+
+
+def violations(config: Config, problem: Problem, arch: Arch) -> list[Violation]:
+    fam = get_family(config.family)
+    out = []
+    if fam.name not in arch.families:
+        out.append(Violation("family_arch", f"family {fam.name!r} does not exist on {arch.name}"))
+        return out
+    lay = fam.layout(config, problem)
+    for rule in fam.rules:
+        msg = rule.check(config, problem, arch, lay)
+        if msg:
+            out.append(Violation(rule.name, msg))
+    return out
+
+
+def is_valid(config: Config, problem: Problem, arch: Arch) -> bool:
+    return not violations(config, problem, arch)
+
+
+def enumerate_configs(family: str) -> Iterator[Config]:
+    """Every point of the family's axes, valid or not (the cross product)."""
+    import itertools
+
+    fam = get_family(family)
+    names = [a.name for a in fam.axes]
+    for combo in itertools.product(*(a.values for a in fam.axes)):
+        yield Config(family, tuple(zip(names, combo)))
+
+
+def valid_configs(problem: Problem, arch: Arch, families: tuple[str, ...] | None = None) -> list[Config]:
+    fams = families or arch.families
+    return [c for f in fams if f in FAMILIES for c in enumerate_configs(f) if is_valid(c, problem, arch)]
+
+
+def default_config(problem: Problem, arch: Arch, family: str | None = None) -> Config:
+    """The heuristic default: a pure function of problem and arch (used for untuned shapes)."""
+    fam = get_family(family or "mma_sync")
+    return fam.default(problem, arch)
+

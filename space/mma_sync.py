@@ -1,0 +1,162 @@
+"""The SM80-style family (mma.sync m16n8k16, ldmatrix, cp.async): kernels/sm80/.
+
+Every formula here has a twin in kernels/sm80/traits.cuh; the rule names are the prefixes of its static_assert
+messages, and tests/test_space_vs_compiler.py compiles a sample to check that both sides agree.
+"""
+from __future__ import annotations
+
+from .arch import Arch
+from .config import Axis, Config, Family, Layout, Rule, register_family
+from .problem import Problem
+
+ELEM_BYTES = 2   # fp16 / bf16
+SMEM_PAD = 8     # elements of padding per shared-memory row: rows shift by 16 B, so ldmatrix hits all banks
+
+KV_SLOTS = {"shared": 1, "separate": 2, "double": 4}
+
+AXES = (
+    Axis("br", (64, 128, 256), "AT_BR", "query rows per CTA"),
+    Axis("bc", (32, 64, 128), "AT_BC", "key columns per K/V tile"),
+    Axis("warps_m", (1, 2, 4, 8), "AT_WARPS_M", "compute warps along the query rows"),
+    Axis("warps_n", (1, 2, 4), "AT_WARPS_N",
+         "compute warps along the key columns of S (and along head_dim of O when P goes through smem)"),
+    Axis("p_path", ("regs", "smem"), "AT_P_IN_REGS",
+         "P reused from registers as the A operand of P·V, or written to shared memory", lambda v: v == "regs"),
+    Axis("smem_mode", ("static", "dynamic", "hybrid"), "AT_SMEM_MODE",
+         "static __shared__ (≤ 48 KB), extern dynamic (opt-in), or Q/O static + K/V/P dynamic",
+         lambda v: ("static", "dynamic", "hybrid").index(v)),
+    Axis("kv_buffering", ("shared", "separate", "double"), "AT_KV_SLOTS",
+         "one buffer for K then V, separate K and V buffers, or separate and double-buffered",
+         lambda v: KV_SLOTS[v]),
+    Axis("loader_warps", (0, 1, 2), "AT_LOADER_WARPS", "extra warps that only issue cp.async for K/V"),
+    Axis("min_blocks", (1, 2, 3, 4), "AT_MIN_BLOCKS", "__launch_bounds__ minimum resident CTAs per SM"),
+    Axis("q_in_regs", (True, False), "AT_Q_IN_REGS", "Q fragments held in registers across the K/V loop"),
+)
+
+
+def smem_regions(c: Config, p: Problem) -> dict[str, int]:
+    d = p.head_dim
+    return {
+        "q": c.br * (d + SMEM_PAD) * ELEM_BYTES,
+        "kv": KV_SLOTS[c.kv_buffering] * c.bc * (d + SMEM_PAD) * ELEM_BYTES,
+        "p": c.br * (c.bc + SMEM_PAD) * ELEM_BYTES if c.p_path == "smem" else 0,
+        # per-warp-column partial row max and row sum, exchanged when a row spans several warps
+        "stats": 2 * c.warps_n * c.br * 4 if c.warps_n > 1 else 0,
+    }
+
+
+def layout(c: Config, p: Problem) -> Layout:
+    r = smem_regions(c, p)
+    total = sum(r.values())
+    if c.smem_mode == "static":
+        static, dynamic = total, 0
+    elif c.smem_mode == "dynamic":
+        static, dynamic = 0, total
+    else:  # hybrid: Q (and the O staging that reuses it) static, the rest dynamic
+        static, dynamic = r["q"], total - r["q"]
+    threads = (c.warps_m * c.warps_n + c.loader_warps) * 32
+    return Layout(threads=threads, smem_static=static, smem_dynamic=dynamic, rows_per_block=c.br)
+
+
+def _rule(name, doc):
+    def deco(fn):
+        return Rule(name, fn, doc)
+    return deco
+
+
+@_rule("rows_per_warp", "BR / WARPS_M must be a multiple of 16 (the mma M dimension)")
+def rows_per_warp(c, p, a, lay):
+    if c.br % (c.warps_m * 16):
+        return f"br={c.br} is not a multiple of 16·warps_m={16 * c.warps_m}"
+
+
+@_rule("cols_per_warp", "BC / WARPS_N must be a multiple of 16 (two n8 tiles per ldmatrix.x4, k16 of P·V)")
+def cols_per_warp(c, p, a, lay):
+    if c.bc % (c.warps_n * 16):
+        return f"bc={c.bc} is not a multiple of 16·warps_n={16 * c.warps_n}"
+
+
+@_rule("p_regs_one_warp_per_row", "P kept in registers needs one warp per row strip (WARPS_N == 1)")
+def p_regs_one_warp_per_row(c, p, a, lay):
+    if c.p_path == "regs" and c.warps_n != 1:
+        return f"p_path=regs needs warps_n=1, got warps_n={c.warps_n}"
+
+
+@_rule("out_cols_per_warp", "HEAD_DIM / WARPS_N must be a multiple of 16 (O columns per warp)")
+def out_cols_per_warp(c, p, a, lay):
+    if p.head_dim % (c.warps_n * 16):
+        return f"head_dim={p.head_dim} is not a multiple of 16·warps_n={16 * c.warps_n}"
+
+
+@_rule("threads_per_block", "at most 1024 threads per block")
+def threads_per_block(c, p, a, lay):
+    if lay.threads > a.max_threads_per_block:
+        return f"{lay.threads} threads > {a.max_threads_per_block}"
+
+
+@_rule("threads_per_sm", "THREADS × MIN_BLOCKS must fit the SM's thread slots")
+def threads_per_sm(c, p, a, lay):
+    if lay.threads * c.min_blocks > a.max_threads_per_sm:
+        return f"{lay.threads} threads × min_blocks {c.min_blocks} > {a.max_threads_per_sm} per SM on {a.name}"
+
+
+@_rule("static_smem_limit", "static shared memory is limited to 48 KB")
+def static_smem_limit(c, p, a, lay):
+    if lay.smem_static > a.static_smem_limit:
+        return f"static smem {lay.smem_static} B > {a.static_smem_limit} B"
+
+
+@_rule("smem_optin_limit", "total shared memory must fit the per-block opt-in limit of the arch")
+def smem_optin_limit(c, p, a, lay):
+    if lay.smem_total > a.smem_optin_per_block:
+        return f"smem {lay.smem_total} B > {a.smem_optin_per_block} B opt-in limit on {a.name}"
+
+
+@_rule("min_blocks_smem", "MIN_BLOCKS CTAs must fit the SM's shared memory together")
+def min_blocks_smem(c, p, a, lay):
+    need = c.min_blocks * (lay.smem_total + a.smem_reserved_per_block)
+    if c.min_blocks > 1 and need > a.smem_per_sm:
+        return f"min_blocks {c.min_blocks} × ({lay.smem_total} + {a.smem_reserved_per_block}) B > {a.smem_per_sm} B per SM"
+
+
+def accumulator_registers(c: Config, p: Problem) -> int:
+    """32-bit registers per thread that must stay live across the K/V loop: O and S accumulators (+ Q)."""
+    rows_w = c.br // c.warps_m
+    o = (rows_w // 16) * (p.head_dim // c.warps_n // 8) * 4
+    s = (rows_w // 16) * (c.bc // c.warps_n // 8) * 4
+    q = (rows_w // 16) * (p.head_dim // 16) * 4 if c.q_in_regs else 0
+    return o + s + q
+
+
+def register_cap(threads: int, min_blocks: int) -> int:
+    """ptxas' per-thread cap under __launch_bounds__(threads, min_blocks): 65536 / (threads·blocks), ≤ 255."""
+    return min(255, (65536 // (threads * min_blocks)) // 8 * 8)
+
+
+@_rule("accumulators_fit_registers", "O + S (+ Q) accumulators per thread must fit the launch-bounds register cap")
+def accumulators_fit_registers(c, p, a, lay):
+    if c.br % (c.warps_m * 16) or c.bc % (c.warps_n * 16) or p.head_dim % (c.warps_n * 16):
+        return None  # the shape rules above already reject it
+    need = accumulator_registers(c, p)
+    cap = register_cap(lay.threads, c.min_blocks)
+    if need > cap:
+        return f"{need} accumulator registers per thread > cap {cap} (certain spill)"
+
+
+RULES = (rows_per_warp, cols_per_warp, p_regs_one_warp_per_row, out_cols_per_warp, threads_per_block,
+         threads_per_sm, static_smem_limit, smem_optin_limit, min_blocks_smem, accumulators_fit_registers)
+
+
+def default(p: Problem, a: Arch) -> Config:
+    """FlashAttention-2's sm80/sm90 picks (flash_fwd_launch_template.h), expressed in our axes."""
+    br, bc = {64: (128, 128), 128: (128, 64), 256: (64, 64)}[p.head_dim]
+    return Config.make(
+        "mma_sync", br=br, bc=bc, warps_m=4, warps_n=1, p_path="regs", smem_mode="dynamic",
+        kv_buffering="separate", loader_warps=0, min_blocks=1, q_in_regs=p.head_dim <= 64,
+    )
+
+
+FAMILY = register_family(Family(
+    name="mma_sync", source="sm80/flash_fwd.cu", entry="flash_fwd_mma_sync",
+    axes=AXES, rules=RULES, layout=layout, default=default,
+))

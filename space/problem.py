@@ -1,0 +1,81 @@
+"""What a kernel is compiled for (Problem) and what it is run on (Shape)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("fp16", "bf16")
+HEAD_DIMS = (64, 128, 256)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The compile-time part of a shape: one cubin serves every batch, head count and seqlen."""
+
+    head_dim: int = 128
+    dtype: str = "fp16"
+    causal: bool = False
+
+    def __post_init__(self):
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim: expected one of {HEAD_DIMS}, got {self.head_dim!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {DTYPES}, got {self.dtype!r}")
+        if not isinstance(self.causal, bool):
+            raise ValueError(f"causal: expected a bool, got {self.causal!r}")
+
+    @property
+    def key(self) -> str:
+        return f"d{self.head_dim}-{self.dtype}-{'causal' if self.causal else 'full'}"
+
+    def defines(self) -> dict[str, int]:
+        return {
+            "AT_HEAD_DIM": self.head_dim,
+            "AT_DTYPE_BF16": int(self.dtype == "bf16"),
+            "AT_CAUSAL": int(self.causal),
+        }
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One attention call: (batch, heads, seqlen, head_dim) queries against kv_heads key/value heads."""
+
+    batch: int = 4
+    heads: int = 16
+    seqlen_q: int = 4096
+    seqlen_k: int | None = None
+    head_dim: int = 128
+    dtype: str = "fp16"
+    causal: bool = False
+    kv_heads: int | None = None
+
+    def __post_init__(self):
+        if self.seqlen_k is None:
+            object.__setattr__(self, "seqlen_k", self.seqlen_q)
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        for name in ("batch", "heads", "kv_heads", "seqlen_q", "seqlen_k"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads: must divide heads ({self.heads}), got {self.kv_heads}")
+        Problem(self.head_dim, self.dtype, self.causal)  # validates the rest
+
+    @property
+    def problem(self) -> Problem:
+        return Problem(self.head_dim, self.dtype, self.causal)
+
+    @property
+    def flops(self) -> float:
+        """Matmul FLOPs of the forward pass (4·B·H·Nq·Nk·D), halved for causal as is customary."""
+        f = 4.0 * self.batch * self.heads * self.seqlen_q * self.seqlen_k * self.head_dim
+        return f / 2 if self.causal else f
+
+    def tflops(self, seconds: float) -> float:
+        return self.flops / seconds / 1e12
+
+    @property
+    def key(self) -> str:
+        kv = f"-kv{self.kv_heads}" if self.kv_heads != self.heads else ""
+        sk = f"-k{self.seqlen_k}" if self.seqlen_k != self.seqlen_q else ""
+        return f"b{self.batch}-h{self.heads}{kv}-n{self.seqlen_q}{sk}-{self.problem.key}"
