@@ -1,0 +1,424 @@
+// FlashAttention forward, SM80-era instructions (mma.sync m16n8k16, ldmatrix, cp.async).
+// O = softmax(scale · Q Kᵀ) V with an online softmax over K/V tiles; optional fp32 logsumexp.
+// Every design choice is a macro interpreted in traits.cuh; this file only reads the derived constants.
+#include "../common/flash_params.h"
+#include "ptx.cuh"
+#include "traits.cuh"
+
+namespace sm80 {
+
+// Copy kRows rows of kHeadDim elements from global (row stride in elements) into a padded smem tile with
+// 16-byte cp.async, kN threads striding over the chunks. Rows >= row_limit are zero-filled, so garbage never
+// meets a zero probability (garbage × 0 can be NaN).
+template <int kRows, int kSmemStride, int kN>
+__device__ __forceinline__ void load_tile(uint32_t smem_base, const uint16_t* gbase, long long row_stride, int row0,
+                                          int row_limit, int tid) {
+    constexpr int kChunksPerRow = kHeadDim / 8;
+    constexpr int kChunks = kRows * kChunksPerRow;
+    constexpr int kIters = (kChunks + kN - 1) / kN;
+#pragma unroll
+    for (int i = 0; i < kIters; ++i) {
+        const int c = tid + i * kN;
+        if (kChunks % kN == 0 || c < kChunks) {
+            const int r = c / kChunksPerRow;
+            const int col = (c % kChunksPerRow) * 8;
+            const int gr = row0 + r;
+            const bool valid = gr < row_limit;
+            const uint16_t* src = valid ? gbase + gr * row_stride + col : gbase;
+            cp_async_16(smem_base + (r * kSmemStride + col) * kElemBytes, src, valid);
+        }
+    }
+}
+
+// K/V items alternate K0, V0, K1, V1, ...; item i lives in ring slot i % kKvSlots, so one slot means K and V
+// share a buffer, two mean separate K and V buffers, four mean both double-buffered.
+template <int kN>
+__device__ __forceinline__ void load_kv_item(uint32_t kv_base, const uint16_t* k_g, const uint16_t* v_g,
+                                             const FlashFwdParams& p, int item, int tid) {
+    const bool is_v = item & 1;
+    load_tile<kBc, kKVStride, kN>(kv_base + (item % kKvSlots) * kKVSlotBytes, is_v ? v_g : k_g,
+                                  is_v ? p.v_row_stride : p.k_row_stride, (item >> 1) * kBc, p.seqlen_k, tid);
+}
+
+__device__ __forceinline__ void compute_sync() {
+    if constexpr (kLoaderWarps > 0) {
+        named_barrier_sync(kBarCompute, kComputeThreads);
+    } else {
+        __syncthreads();
+    }
+}
+
+}  // namespace sm80
+
+extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
+    flash_fwd_mma_sync(const FlashFwdParams p) {
+    using namespace sm80;
+
+#if AT_SMEM_MODE == 0
+    __shared__ __align__(128) unsigned char smem_static[kSmemStatic];
+    unsigned char* q_region = smem_static;
+    unsigned char* rest = smem_static + kQBytes;
+#elif AT_SMEM_MODE == 1
+    extern __shared__ __align__(128) unsigned char smem_dynamic[];
+    unsigned char* q_region = smem_dynamic;
+    unsigned char* rest = smem_dynamic + kQBytes;
+#else
+    __shared__ __align__(128) unsigned char smem_static[kSmemStatic];
+    extern __shared__ __align__(128) unsigned char smem_dynamic[];
+    unsigned char* q_region = smem_static;
+    unsigned char* rest = smem_dynamic;
+#endif
+    uint16_t* q_s = reinterpret_cast<uint16_t*>(q_region);  // Q tile, later the O staging tile
+    uint16_t* kv_s = reinterpret_cast<uint16_t*>(rest);
+    uint16_t* p_s = reinterpret_cast<uint16_t*>(rest + kKVBytes);
+    float* stats_max = reinterpret_cast<float*>(rest + kKVBytes + kPBytes);
+    float* stats_sum = stats_max + kWarpsN * kBr;
+    const uint32_t kv_base = smem_addr(kv_s);
+
+    const int tid = threadIdx.x;
+    const int warp = tid / 32;
+    const int lane = tid % 32;
+    const int batch = blockIdx.z;
+    const int head = blockIdx.y;
+    const int q_start = blockIdx.x * kBr;
+    const int kv_head = head / (p.heads / p.kv_heads);
+
+    const uint16_t* q_g = static_cast<const uint16_t*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
+    const uint16_t* k_g = static_cast<const uint16_t*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+    const uint16_t* v_g = static_cast<const uint16_t*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
+    uint16_t* o_g = static_cast<uint16_t*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+
+    int n_tiles = (p.seqlen_k + kBc - 1) / kBc;
+    if constexpr (kCausal) {
+        // Top-left alignment: query row i sees keys j <= i, so tiles past the block's last row are skipped.
+        const int last_row = min(q_start + kBr, p.seqlen_q) - 1;
+        n_tiles = min(n_tiles, last_row / kBc + 1);
+    }
+    const int n_items = 2 * n_tiles;
+
+    load_tile<kBr, kQStride, kThreads>(smem_addr(q_s), q_g, p.q_row_stride, q_start, p.seqlen_q, tid);
+    cp_async_commit();
+
+    if constexpr (kLoaderWarps > 0) {
+        cp_async_wait<0>();
+        __syncthreads();
+        if (warp >= kComputeWarps) {
+            // Producer: fill the ring; a slot is refilled only after the compute warps released it.
+            const int ltid = tid - kComputeThreads;
+            for (int item = 0; item < n_items; ++item) {
+                const int slot = item % kKvSlots;
+                if (item >= kKvSlots) named_barrier_sync(kBarEmpty + slot, kThreads);
+                load_kv_item<kLoaderThreads>(kv_base, k_g, v_g, p, item, ltid);
+                cp_async_commit();
+                cp_async_wait<0>();
+                named_barrier_arrive(kBarFull + slot, kThreads);
+            }
+            return;
+        }
+    } else {
+        // Prologue: one commit group per ring slot (empty groups keep the wait counts uniform).
+#pragma unroll
+        for (int i = 0; i < kKvSlots; ++i) {
+            if (i < n_items) load_kv_item<kThreads>(kv_base, k_g, v_g, p, i, tid);
+            cp_async_commit();
+        }
+        cp_async_wait<kKvSlots>();  // the Q group is done
+        __syncthreads();
+    }
+
+    // Wait until K/V item `item` is in shared memory.
+    auto acquire = [&](int item) {
+        if constexpr (kLoaderWarps > 0) {
+            named_barrier_sync(kBarFull + item % kKvSlots, kThreads);
+        } else {
+            cp_async_wait<kKvSlots - 1>();
+            __syncthreads();
+        }
+    };
+    // Done reading item `item`: hand its slot to the next item that maps to it.
+    auto release = [&](int item) {
+        if constexpr (kLoaderWarps > 0) {
+            if (item + kKvSlots < n_items) named_barrier_arrive(kBarEmpty + item % kKvSlots, kThreads);
+        } else {
+            __syncthreads();
+            if (item + kKvSlots < n_items) load_kv_item<kThreads>(kv_base, k_g, v_g, p, item + kKvSlots, tid);
+            cp_async_commit();
+        }
+    };
+
+    const int warp_m = warp / kWarpsN;
+    const int warp_n = warp % kWarpsN;
+    const int row_w = warp_m * kRowsPerWarp;  // first block row of this warp
+    const int g = lane / 4;                   // fragment row within an m16 tile (and +8)
+    const int t = lane % 4;                   // fragment column pair
+    // ldmatrix.x4 lane → row/col of the 16×16 tile it addresses: A fragments (Q, P) and V (transposed) use the
+    // same order (rows 0-7, 8-15, then columns +8); K's order gives two n8 tiles per call.
+    const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8;
+    const int a_col = (lane >> 4) * 8;
+    const int b_row = (lane & 7) + (lane >> 4) * 8;
+    const int b_col = ((lane >> 3) & 1) * 8;
+    const float scale_log2 = p.scale_log2;
+
+    uint32_t q_frag[kQInRegs ? kMTiles : 1][kQInRegs ? kDSteps : 1][4];
+    if constexpr (kQInRegs) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int ks = 0; ks < kDSteps; ++ks)
+                ldmatrix_x4(q_frag[mt][ks], smem_addr(q_s + (row_w + mt * 16 + a_row) * kQStride + ks * 16 + a_col));
+    }
+
+    float o_acc[kMTiles][kONTiles][4];
+    float row_max[kMTiles][2];
+    float row_sum[kMTiles][2];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int dn = 0; dn < kONTiles; ++dn)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o_acc[mt][dn][e] = 0.f;
+        row_max[mt][0] = row_max[mt][1] = -INFINITY;
+        row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    }
+
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        const int k_item = 2 * tile;
+        const int v_item = 2 * tile + 1;
+
+        // ---- S = Q Kᵀ for this warp's rows × columns --------------------------------------------------
+        acquire(k_item);
+        const uint16_t* k_s = kv_s + (k_item % kKvSlots) * (kKVSlotBytes / kElemBytes);
+        float s[kMTiles][kSNTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kSNTiles; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < kDSteps; ++ks) {
+            uint32_t a[kMTiles][4];
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+                if constexpr (kQInRegs) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a[mt][e] = q_frag[mt][ks][e];
+                } else {
+                    ldmatrix_x4(a[mt], smem_addr(q_s + (row_w + mt * 16 + a_row) * kQStride + ks * 16 + a_col));
+                }
+            }
+#pragma unroll
+            for (int np = 0; np < kSNTiles / 2; ++np) {
+                uint32_t b[4];
+                ldmatrix_x4(b, smem_addr(k_s + (warp_n * kColsPerWarp + np * 16 + b_row) * kKVStride + ks * 16 + b_col));
+#pragma unroll
+                for (int mt = 0; mt < kMTiles; ++mt) {
+                    mma_16816<kBf16>(s[mt][2 * np], a[mt], b[0], b[1]);
+                    mma_16816<kBf16>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+        release(k_item);
+
+        // ---- mask columns past seqlen_k and, for causal, above the diagonal ------------------------------
+        const int col0 = tile * kBc + warp_n * kColsPerWarp;
+        const bool need_mask = (tile + 1) * kBc > p.seqlen_k || (kCausal && (tile + 1) * kBc - 1 > q_start);
+        if (need_mask) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kSNTiles; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int row = q_start + row_w + mt * 16 + g + (e >> 1) * 8;
+                        const int col = col0 + nt * 8 + 2 * t + (e & 1);
+                        if (col >= p.seqlen_k || (kCausal && col > row)) s[mt][nt][e] = -INFINITY;
+                    }
+        }
+
+        // ---- online softmax ------------------------------------------------------------------------------
+        float tile_max[kMTiles][2];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float m = -INFINITY;
+#pragma unroll
+                for (int nt = 0; nt < kSNTiles; ++nt) m = fmaxf(m, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
+                m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
+                tile_max[mt][h] = m;
+            }
+        if constexpr (kWarpsN > 1) {
+            // A row spans kWarpsN warps: exchange partial maxima through shared memory.
+            if (t == 0) {
+#pragma unroll
+                for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) stats_max[warp_n * kBr + row_w + mt * 16 + g + h * 8] = tile_max[mt][h];
+            }
+            compute_sync();
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float m = -INFINITY;
+#pragma unroll
+                    for (int w = 0; w < kWarpsN; ++w) m = fmaxf(m, stats_max[w * kBr + row_w + mt * 16 + g + h * 8]);
+                    tile_max[mt][h] = m;
+                }
+        }
+        float alpha[kMTiles][2];
+        float m_scaled[kMTiles][2];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float m_new = fmaxf(row_max[mt][h], tile_max[mt][h]);
+                // A row with nothing unmasked yet keeps max −inf: use 0 as its baseline so −inf − −inf never
+                // appears; its probabilities are exp2(−inf) = 0 either way.
+                alpha[mt][h] = m_new == -INFINITY ? 1.f : fast_exp2((row_max[mt][h] - m_new) * scale_log2);
+                m_scaled[mt][h] = m_new == -INFINITY ? 0.f : m_new * scale_log2;
+                row_max[mt][h] = m_new;
+                row_sum[mt][h] *= alpha[mt][h];
+            }
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kSNTiles; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float pr = fast_exp2(fmaf(s[mt][nt][e], scale_log2, -m_scaled[mt][e >> 1]));
+                    s[mt][nt][e] = pr;
+                    row_sum[mt][e >> 1] += pr;
+                }
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int dn = 0; dn < kONTiles; ++dn)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o_acc[mt][dn][e] *= alpha[mt][e >> 1];
+
+        if constexpr (!kPInRegs) {
+            // P through shared memory: any warp layout of P·V can then read whole rows of P.
+            if constexpr (kWarpsN == 1) __syncwarp();  // this warp's previous ldmatrix reads of its rows are done
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kSNTiles; ++nt) {
+                    const int row = row_w + mt * 16 + g;
+                    const int col = warp_n * kColsPerWarp + nt * 8 + 2 * t;
+                    *reinterpret_cast<uint32_t*>(p_s + row * kPStride + col) = pack2<kBf16>(s[mt][nt][0], s[mt][nt][1]);
+                    *reinterpret_cast<uint32_t*>(p_s + (row + 8) * kPStride + col) =
+                        pack2<kBf16>(s[mt][nt][2], s[mt][nt][3]);
+                }
+            if constexpr (kWarpsN == 1) {
+                __syncwarp();  // rows are private to the warp
+            } else {
+                compute_sync();
+            }
+        }
+
+        // ---- O += P V --------------------------------------------------------------------------------------
+        acquire(v_item);
+        const uint16_t* v_s = kv_s + (v_item % kKvSlots) * (kKVSlotBytes / kElemBytes);
+#pragma unroll
+        for (int kk = 0; kk < kBcSteps; ++kk) {
+            uint32_t a[kMTiles][4];
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt) {
+                if constexpr (kPInRegs) {
+                    // Two adjacent n8 accumulator tiles of S are exactly one m16k16 A fragment of P.
+                    a[mt][0] = pack2<kBf16>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                    a[mt][1] = pack2<kBf16>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                    a[mt][2] = pack2<kBf16>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                    a[mt][3] = pack2<kBf16>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                } else {
+                    ldmatrix_x4(a[mt], smem_addr(p_s + (row_w + mt * 16 + a_row) * kPStride + kk * 16 + a_col));
+                }
+            }
+#pragma unroll
+            for (int dp = 0; dp < kONTiles / 2; ++dp) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, smem_addr(v_s + (kk * 16 + a_row) * kKVStride + warp_n * kOutColsPerWarp +
+                                               dp * 16 + a_col));
+#pragma unroll
+                for (int mt = 0; mt < kMTiles; ++mt) {
+                    mma_16816<kBf16>(o_acc[mt][2 * dp], a[mt], b[0], b[1]);
+                    mma_16816<kBf16>(o_acc[mt][2 * dp + 1], a[mt], b[2], b[3]);
+                }
+            }
+        }
+        release(v_item);
+    }
+
+    // ---- epilogue: row sums, logsumexp, normalized O staged through the Q tile, 16-byte stores ---------------
+    float inv_sum[kMTiles][2];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = row_sum[mt][h];
+            l += __shfl_xor_sync(0xffffffff, l, 1);
+            l += __shfl_xor_sync(0xffffffff, l, 2);
+            row_sum[mt][h] = l;
+        }
+    if constexpr (kWarpsN > 1) {
+        if (t == 0) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) stats_sum[warp_n * kBr + row_w + mt * 16 + g + h * 8] = row_sum[mt][h];
+        }
+        compute_sync();
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float l = 0.f;
+#pragma unroll
+                for (int w = 0; w < kWarpsN; ++w) l += stats_sum[w * kBr + row_w + mt * 16 + g + h * 8];
+                row_sum[mt][h] = l;
+            }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float l = row_sum[mt][h];
+            inv_sum[mt][h] = l > 0.f ? 1.f / l : 0.f;
+            const int row = q_start + row_w + mt * 16 + g + h * 8;
+            if (p.lse != nullptr && warp_n == 0 && t == 0 && row < p.seqlen_q) {
+                const float lse2 = l > 0.f ? row_max[mt][h] * scale_log2 + __log2f(l) : -INFINITY;
+                p.lse[(static_cast<long long>(batch) * p.heads + head) * p.seqlen_q + row] = lse2 * 0.69314718055994531f;
+            }
+        }
+
+    compute_sync();  // every warp is done reading the Q tile (and P), so it can hold O
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int dn = 0; dn < kONTiles; ++dn) {
+            const int row = row_w + mt * 16 + g;
+            const int col = warp_n * kOutColsPerWarp + dn * 8 + 2 * t;
+            *reinterpret_cast<uint32_t*>(q_s + row * kQStride + col) =
+                pack2<kBf16>(o_acc[mt][dn][0] * inv_sum[mt][0], o_acc[mt][dn][1] * inv_sum[mt][0]);
+            *reinterpret_cast<uint32_t*>(q_s + (row + 8) * kQStride + col) =
+                pack2<kBf16>(o_acc[mt][dn][2] * inv_sum[mt][1], o_acc[mt][dn][3] * inv_sum[mt][1]);
+        }
+    compute_sync();
+    constexpr int kChunksPerRow = kHeadDim / 8;
+    constexpr int kOutChunks = kBr * kChunksPerRow;
+#pragma unroll
+    for (int i = 0; i < (kOutChunks + kComputeThreads - 1) / kComputeThreads; ++i) {
+        const int c = tid + i * kComputeThreads;
+        if (kOutChunks % kComputeThreads == 0 || c < kOutChunks) {
+            const int r = c / kChunksPerRow;
+            const int col = (c % kChunksPerRow) * 8;
+            if (q_start + r < p.seqlen_q) {
+                *reinterpret_cast<uint4*>(o_g + (q_start + r) * p.o_row_stride + col) =
+                    *reinterpret_cast<const uint4*>(q_s + r * kQStride + col);
+            }
+        }
+    }
+}
