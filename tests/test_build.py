@@ -1,0 +1,221 @@
+"""The build layer on the real kernel: cache hits run no nvcc, source edits miss, compiler failures come back
+with the compiler's message (and are cached), configs the space rejects never reach nvcc, parallel builds."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+import space
+from autotune.build import Builder, BuildError, default_cache_dir, default_kernels_dir
+from autotune.nvcc import find_nvcc
+
+PROBLEM = space.Problem(head_dim=64)
+ARCH = space.get_arch("sm_90")
+DEFAULT = space.default_config(PROBLEM, ARCH)
+# rows_per_warp: 64 query rows cannot be split into 8 warps of 16
+BAD_ROWS = DEFAULT.replace(br=64, warps_m=8)
+
+
+def wrapper_nvcc(tmp_path: Path, body: str | None = None) -> tuple[Path, Path]:
+    """An nvcc that records each call's arguments in calls.txt, then runs the real one (or `body`)."""
+    calls = tmp_path / "calls.txt"
+    script = tmp_path / "bin" / "nvcc"
+    script.parent.mkdir(parents=True, exist_ok=True)
+    run = body or f'exec "{find_nvcc()}" "$@"'
+    script.write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\n{run}\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script, calls
+
+
+def compile_calls(calls: Path) -> list[str]:
+    return [ln for ln in calls.read_text().splitlines() if "-cubin" in ln] if calls.exists() else []
+
+
+def test_rebuild_of_a_cached_key_runs_no_nvcc(tmp_path):
+    cache = tmp_path / "cache"
+    first = Builder(ARCH, cache_dir=cache).build_one(DEFAULT, PROBLEM)
+    assert first.ok and not first.cached, first.error
+    assert first.cubin_path.is_file() and first.cubin_path.parent == cache / first.key[:2] / first.key
+    assert first.report.registers > 0 and first.report.compile_seconds > 0
+
+    nvcc, calls = wrapper_nvcc(tmp_path)
+    again = Builder(ARCH, cache_dir=cache, nvcc=nvcc).build_one(DEFAULT, PROBLEM)
+    assert compile_calls(calls) == []
+    assert again.cached and again.ok
+    assert (again.key, again.cubin_path, again.cubin_hash, again.report) == \
+        (first.key, first.cubin_path, first.cubin_hash, first.report)
+    assert again.cubin_bytes() == first.cubin_bytes()
+
+    meta = json.loads((first.cubin_path.parent / "meta.json").read_text())
+    assert meta["config_key"] == DEFAULT.key and meta["arch"] == "sm_90" and meta["ok"] is True
+    assert meta["problem"] == {"head_dim": 64, "dtype": "fp16", "causal": False}
+    assert meta["report"]["registers"] == first.report.registers
+    assert "Used" in (first.cubin_path.parent / "ptxas.log").read_text()
+
+
+def test_kernel_source_change_misses_the_cache(tmp_path):
+    kernels = tmp_path / "kernels"
+    shutil.copytree(default_kernels_dir(), kernels)
+    builder = Builder(ARCH, cache_dir=tmp_path / "cache", kernels_dir=kernels)
+    before = builder.build_one(DEFAULT, PROBLEM)
+    assert builder.build_one(DEFAULT, PROBLEM).cached
+
+    traits = kernels / "sm80" / "traits.cuh"
+    text = traits.read_text()
+    letter = re.search(r"// ([A-Za-z])", text)  # flip a comment letter's case: same length, new contents
+    edited = text[: letter.start(1)] + letter.group(1).swapcase() + text[letter.end(1):]
+    assert edited != text and len(edited) == len(text)
+    traits.write_text(edited)
+    after = builder.build_one(DEFAULT, PROBLEM)
+    assert after.ok and not after.cached
+    assert after.key != before.key
+    # a comment does not change the binary: the cubin hash is how callers skip timing duplicates
+    assert after.cubin_hash == before.cubin_hash
+
+
+def test_compiler_failure_carries_the_static_assert_and_is_cached(tmp_path, build_cache_dir):
+    assert [v.rule for v in space.violations(BAD_ROWS, PROBLEM, ARCH)] == ["rows_per_warp"]
+    builder = Builder(ARCH, cache_dir=build_cache_dir, check_rules=False)
+    result = builder.build_one(BAD_ROWS, PROBLEM)
+    assert not result.ok and result.status == "compile_error"
+    assert "static assertion failed" in result.error and "rows_per_warp" in result.error
+    assert result.cubin_path is None and result.report is None and result.key
+    with pytest.raises(ValueError, match="no cubin"):
+        result.cubin_bytes()
+
+    nvcc, calls = wrapper_nvcc(tmp_path)
+    again = Builder(ARCH, cache_dir=build_cache_dir, nvcc=nvcc, check_rules=False).build_one(BAD_ROWS, PROBLEM)
+    assert compile_calls(calls) == []
+    assert again.cached and not again.ok and again.error == result.error
+
+
+def test_a_config_the_space_rejects_never_reaches_nvcc(tmp_path):
+    nvcc, calls = wrapper_nvcc(tmp_path)
+    result = Builder(ARCH, cache_dir=tmp_path / "cache", nvcc=nvcc).build_one(BAD_ROWS, PROBLEM)
+    assert compile_calls(calls) == []
+    assert not result.ok and result.status == "invalid" and not result.cached
+    assert result.rejected_by == ("rows_per_warp",)
+    assert "rows_per_warp" in result.error and result.key is None
+
+
+def test_parallel_build_keeps_input_order_and_compiles_duplicates_once(tmp_path, build_cache_dir):
+    valid = [DEFAULT, DEFAULT.replace(bc=64), DEFAULT.replace(q_in_regs=False), DEFAULT.replace(kv_buffering="shared")]
+    items = [(c, PROBLEM) for c in valid] + [(BAD_ROWS, PROBLEM), (valid[0], PROBLEM)]
+    nvcc, calls = wrapper_nvcc(tmp_path)
+    seen = []
+    results = Builder(ARCH, cache_dir=tmp_path / "cache", nvcc=nvcc, jobs=2).build(
+        items, progress=lambda done, total, r: seen.append((done, total, r.config.key)))
+
+    assert [r.config for r in results] == [c for c, _ in items]
+    assert all(r.ok and r.status in ("compiled", "spilled") for r in results[:4]), [r.error for r in results]
+    assert results[4].status == "invalid"
+    assert results[5].cubin_path == results[0].cubin_path
+    assert len(compile_calls(calls)) == 4  # the duplicate of valid[0] compiled once, the rejected one never
+    assert [(d, t) for d, t, _ in seen] == [(i, 6) for i in range(1, 7)]
+    assert sorted(k for _, _, k in seen) == sorted(c.key for c, _ in items)
+    assert len({r.cubin_hash for r in results[:4]}) == 4  # four different kernels
+    assert not list((tmp_path / "cache" / ".work").iterdir())  # work directories are cleaned up
+
+
+def test_a_hung_compile_is_killed_and_not_cached(tmp_path):
+    hang = 'case "$1" in --version) echo "Cuda compilation tools, release 0.0, V0.0.0";; *) sleep 60;; esac'
+    nvcc, calls = wrapper_nvcc(tmp_path, body=hang)
+    builder = Builder(ARCH, cache_dir=tmp_path / "cache", nvcc=nvcc, timeout_s=1)
+    result = builder.build_one(DEFAULT, PROBLEM)
+    assert not result.ok and "timed out after 1 s" in result.error
+    assert not builder.entry_dir(result.key).exists()  # a timeout says nothing about the sources
+    builder.build_one(DEFAULT, PROBLEM)
+    assert len(compile_calls(calls)) == 2
+
+
+def test_a_damaged_cache_entry_is_rebuilt(tmp_path):
+    cache = tmp_path / "cache"
+    first = Builder(ARCH, cache_dir=cache).build_one(DEFAULT, PROBLEM)
+    first.cubin_path.unlink()
+    again = Builder(ARCH, cache_dir=cache).build_one(DEFAULT, PROBLEM)
+    assert again.ok and not again.cached and again.cubin_path.is_file()
+
+
+def test_the_key_covers_flags_arch_and_defines(tmp_path):
+    plain = Builder(ARCH, cache_dir=tmp_path)
+    key = plain.key(DEFAULT, PROBLEM)
+    assert key == Builder("sm_90", cache_dir=tmp_path / "elsewhere").key(DEFAULT, PROBLEM)
+    assert key != Builder(ARCH, cache_dir=tmp_path, extra_flags=["-lineinfo"]).key(DEFAULT, PROBLEM)
+    assert key != Builder("sm_100", cache_dir=tmp_path).key(DEFAULT, PROBLEM)
+    assert key != plain.key(DEFAULT.replace(min_blocks=2), PROBLEM)
+    assert key != plain.key(DEFAULT, space.Problem(head_dim=64, causal=True))
+
+
+def test_cache_dir_and_kernels_dir_defaults(monkeypatch, tmp_path):
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "env-cache"))
+    assert default_cache_dir() == tmp_path / "env-cache"
+    assert Builder(ARCH).cache_dir == tmp_path / "env-cache"
+    monkeypatch.delenv("AUTOTUNE_CACHE_DIR")
+    assert default_cache_dir() == Path.home() / ".cache" / "autotune" / "kernels"
+    family = space.get_family("mma_sync")
+    assert (default_kernels_dir() / family.source).is_file()
+
+
+def test_bad_arguments_name_the_argument(tmp_path):
+    with pytest.raises(ValueError, match="jobs"):
+        Builder(ARCH, cache_dir=tmp_path, jobs=0)
+    with pytest.raises(ValueError, match="timeout_s"):
+        Builder(ARCH, cache_dir=tmp_path, timeout_s=0)
+    with pytest.raises(BuildError, match="kernels_dir"):
+        Builder(ARCH, cache_dir=tmp_path, kernels_dir=tmp_path / "missing")
+    with pytest.raises(ValueError, match="arch"):
+        Builder("sm_91", cache_dir=tmp_path)
+
+
+# -- the `autotune build` and `autotune space` commands -------------------------------------------------------
+
+def test_build_command_prints_the_report_then_hits_the_cache(capsys, build_cache_dir):
+    from autotune.cli import main
+
+    argv = ["build", "--head-dim", "64", "--arch", "sm_90", "--cache-dir", str(build_cache_dir)]
+    assert main(argv) == 0
+    assert main(argv) == 0
+    first, second = capsys.readouterr().out.split("config ")[1:]
+    assert DEFAULT.key in first
+    for field in ("registers", "spill", "stack", "smem", "threads", "cubin"):
+        assert f"\n{field} " in first
+    assert re.search(r"\nstatus +\w+ \(cached\)\n", second)  # the second run only reads the cache
+
+
+def test_build_command_names_a_bad_config_argument(capsys, tmp_path):
+    from autotune.cli import main
+
+    assert main(["build", "--head-dim", "64", "--arch", "sm_90", "--cache-dir", str(tmp_path),
+                 "--config", "mma_sync:br=65"]) == 2
+    err = capsys.readouterr().err
+    assert "--config 'mma_sync:br=65'" in err and "65" in err
+
+
+def test_space_command_compiles_and_summarises(capsys, build_cache_dir):
+    from autotune.cli import main
+
+    assert main(["space", "--head-dim", "64", "--arch", "sm_90", "--limit", "2", "--compile",
+                 "--cache-dir", str(build_cache_dir)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    valid = space.valid_configs(PROBLEM, ARCH)
+    assert sum(c.key in line for line in lines for c in valid[:2]) == 2
+    summary = lines[-1]
+    assert summary.startswith(f"{len(valid)} valid, ") and "; listed 2; 2 compiled" in summary
+    assert "min_blocks_smem" in summary
+
+
+def test_commands_without_arch_or_gpu_ask_for_arch(capsys, monkeypatch):
+    from autotune import gpu_arch
+    from autotune.cli import main
+
+    monkeypatch.setattr(gpu_arch, "_torch_capability", lambda device: None)
+    monkeypatch.setattr(gpu_arch, "_driver_capability", lambda device: None)
+    assert main(["space", "--head-dim", "128"]) == 2
+    assert "no CUDA GPU visible; pass --arch sm_90 (or sm_100, sm_103)" in capsys.readouterr().err
+    monkeypatch.setattr(gpu_arch, "_torch_capability", lambda device: (10, 3))
+    assert gpu_arch.detect_arch().name == "sm_103"
