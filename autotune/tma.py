@@ -1,0 +1,118 @@
+"""Host-side TMA tensor maps for the wgmma family (kernels/sm90/flash_fwd.cu), through cuda-python's driver API.
+
+The kernel reads Q, K and V with `cp.async.bulk.tensor.4d` from maps passed by value (`__grid_constant__`
+CUtensorMap arguments after the parameter block, in the order tm_q, tm_k, tm_v). Each map describes one
+(batch, heads, seqlen, head_dim) tensor with its real strides as a rank-4 tensor, innermost first:
+
+    dims    (head_dim, seqlen, heads, batch)
+    strides (row, head, batch) in bytes (the innermost dimension is contiguous by definition)
+    box     (64, rows, 1, 1): one 128-byte swizzle span of head_dim × `rows` sequence positions
+
+Because heads and batch are dimensions of their own, a box that runs past seqlen is zero-filled by the copy
+engine instead of reading the next head's rows, so any seqlen works without padding. Rows are 64 for Q (one
+consumer warpgroup's tile) and Bc for K/V.
+
+Requirements (checked here, with the argument named): CUDA tensor, fp16/bf16, last dim contiguous, head_dim a
+multiple of 64, data pointer 16-byte aligned, every stride in bytes a multiple of 16 and below 2**40.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+SWIZZLE_COLS = 64   # elements per box row: 128 bytes, the 128B swizzle span the kernel's descriptors assume
+Q_BOX_ROWS = 64     # one consumer warpgroup's query rows
+TENSOR_MAP_BYTES = 128
+_MAX_STRIDE = 1 << 40
+
+
+@functools.lru_cache(maxsize=None)
+def driver():
+    """cuda-python's driver module: `cuda.bindings.driver` (cuda-python >= 12.6), else the older `cuda.cuda`."""
+    try:
+        from cuda.bindings import driver as drv
+    except ImportError:
+        from cuda import cuda as drv
+    return drv
+
+
+def _data_type(dtype):
+    drv = driver()
+    name = str(dtype)
+    if name == "torch.float16":
+        return drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    if name == "torch.bfloat16":
+        return drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+    raise ValueError(f"dtype: expected torch.float16 or torch.bfloat16, got {name}")
+
+
+def _legal_stride(nbytes: int) -> bool:
+    return 0 < nbytes < _MAX_STRIDE and nbytes % 16 == 0
+
+
+def tensor_map_geometry(shape, strides, elem_bytes: int, data_ptr: int, box_rows: int, name: str = "tensor"):
+    """(global_dims, global_strides_bytes, box_dims) for a (batch, heads, seqlen, head_dim) view.
+
+    Pure function (no CUDA), so the validation is testable anywhere. Raises ValueError naming `name`.
+    """
+    if len(shape) != 4:
+        raise ValueError(f"{name}: expected a 4-d (batch, heads, seqlen, head_dim) tensor, got shape {tuple(shape)}")
+    b, h, n, d = (int(x) for x in shape)
+    sb, sh, sn, sd = (int(x) for x in strides)
+    if d % SWIZZLE_COLS:
+        raise ValueError(f"{name}: head_dim must be a multiple of {SWIZZLE_COLS} for 128-byte TMA boxes, got {d}")
+    if sd != 1 and d > 1:
+        raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got stride {sd}")
+    if data_ptr % 16:
+        raise ValueError(f"{name}: data pointer must be 16-byte aligned, got 0x{data_ptr:x}")
+    if not 1 <= box_rows <= 256:
+        raise ValueError(f"box_rows: expected 1..256 (TMA box limit), got {box_rows}")
+    out_strides = []
+    # A dimension of extent 1 is never stepped over, so its stride is free: give it a legal value.
+    for dim_name, extent, stride in (("row", n, sn), ("head", h, sh), ("batch", b, sb)):
+        nbytes = stride * elem_bytes
+        if extent == 1 and not _legal_stride(nbytes):
+            nbytes = 16
+        if not _legal_stride(nbytes):
+            raise ValueError(f"{name}: {dim_name} stride must be a positive multiple of 16 bytes below 2**40 for TMA, "
+                             f"got {stride} elements = {nbytes} bytes")
+        out_strides.append(nbytes)
+    return (d, n, h, b), tuple(out_strides), (SWIZZLE_COLS, box_rows, 1, 1)
+
+
+def encode(tensor, box_rows: int, name: str = "tensor"):
+    """A CUtensorMap for a (batch, heads, seqlen, head_dim) CUDA tensor view (any strides, last dim contiguous)."""
+    drv = driver()
+    if not getattr(tensor, "is_cuda", False):
+        raise ValueError(f"{name}: expected a CUDA tensor")
+    dims, strides, box = tensor_map_geometry(tensor.shape, tensor.stride(), tensor.element_size(),
+                                             tensor.data_ptr(), box_rows, name)
+    err, tmap = drv.cuTensorMapEncodeTiled(
+        _data_type(tensor.dtype), 4, tensor.data_ptr(),
+        [drv.cuuint64_t(x) for x in dims],
+        [drv.cuuint64_t(x) for x in strides],
+        [drv.cuuint32_t(x) for x in box],
+        [drv.cuuint32_t(1)] * 4,
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        # NONE fills out-of-bounds elements with zeros: padded key rows then score 0 (masked anyway) and their
+        # V rows contribute 0 × p instead of garbage × 0 = NaN.
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    )
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuTensorMapEncodeTiled({name}, dims={dims}, strides={strides}, box={box}) failed: {err}")
+    return tmap
+
+
+def flash_tensor_maps(q, k, v, bc: int):
+    """(tm_q, tm_k, tm_v) for one launch of the wgmma family with key tiles of `bc` rows.
+
+    The maps hold the tensors' addresses: encode them again for other tensors (encoding is a cheap host call).
+    """
+    return encode(q, Q_BOX_ROWS, "q"), encode(k, bc, "k"), encode(v, bc, "v")
+
+
+def as_ctypes(tmap) -> ctypes.Array:
+    """The map's 128 opaque bytes as a ctypes array, for loaders that want ctypes kernel arguments."""
+    return (ctypes.c_uint8 * TENSOR_MAP_BYTES).from_buffer_copy(ctypes.string_at(int(tmap.getPtr()), TENSOR_MAP_BYTES))

@@ -1,0 +1,413 @@
+// FlashAttention forward, Hopper-native family "wgmma" (sm_90a).
+//
+// One CTA per (kBr query rows, head, batch). Warpgroup 0 is the producer: one thread issues TMA copies of the
+// Q tile (once) and of K/V tiles into a kStages-deep shared-memory ring, completing on mbarriers (K full, V full,
+// slot empty per stage). Consumer warpgroups 1..kConsumerWGs each own 64 query rows and run
+//   S = Q·Kᵀ       wgmma m64n{Bc}k16, A and B from 128B-swizzled shared memory (K-major)
+//   online softmax in registers (exp2 with the scale folded in)
+//   O += P·V       wgmma m64n{D}k16, A = P from registers, B = V from shared memory read N-major (trans-b)
+// then normalise and store O (and the fp32 logsumexp if requested).
+//
+// Entry (extra by-value arguments after the parameter block, see docs/CONTRACTS.md):
+//   flash_fwd_wgmma(FlashFwdParams p, CUtensorMap tm_q, CUtensorMap tm_k, CUtensorMap tm_v)
+// Tensor maps (autotune/tma.py): rank 4, dims (head_dim, seqlen, heads, batch) with the tensors' real strides,
+// box (64, rows, 1, 1) with rows = 64 for Q and Bc for K/V, 128-byte swizzle, zero fill out of bounds.
+// Launch: grid (ceil(seqlen_q / kBr), heads, batch), block kThreads, dynamic smem kSmemDynamic.
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math_constants.h>
+#include <stdint.h>
+
+#include "../common/flash_params.h"
+#include "ptx.cuh"
+#include "traits.cuh"
+#include "wgmma_ops.cuh"
+
+namespace sm90 {
+
+using Mma = Wgmma<kBc, kBf16>;       // S = Q·Kᵀ
+using MmaPV = Wgmma<kHeadDim, kBf16>;  // O += P·V
+
+constexpr int kSRegs = kBc / 2;        // S accumulator floats per thread
+constexpr int kORegs = kHeadDim / 2;   // O accumulator floats per thread
+constexpr int kPRegs = kBc / 4;        // P as f16x2/bf16x2 A fragments
+constexpr uint32_t kPingPongThreads = 256;
+constexpr uint32_t kPingPongBarrier0 = 1;  // named barrier ids 1, 2 (0 is __syncthreads)
+
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+    if constexpr (kBf16) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t*>(&v);
+    } else {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t*>(&v);
+    }
+}
+
+struct Smem {
+    uint32_t q, k, v;  // shared-window addresses, 1024-byte aligned
+    uint32_t bars;     // kNumBarriers × 8 bytes
+    __device__ uint32_t q_full() const { return bars; }
+    __device__ uint32_t k_full(int s) const { return bars + 8 * (1 + s); }
+    __device__ uint32_t v_full(int s) const { return bars + 8 * (1 + kStages + s); }
+    __device__ uint32_t empty(int s) const { return bars + 8 * (1 + 2 * kStages + s); }
+    __device__ uint32_t k_tile(int s) const { return k + s * kKVTileBytes; }
+    __device__ uint32_t v_tile(int s) const { return v + s * kKVTileBytes; }
+};
+
+// Query rows [m0, m0 + kBr) need key tiles [0, n_tiles): all of them, or under top-left causal masking
+// (row i sees keys j <= i) only those up to the last row that exists.
+__device__ __forceinline__ int num_kv_tiles(const FlashFwdParams& p, int m0) {
+    int kv_end = p.seqlen_k;
+    if constexpr (kCausal) kv_end = min(kv_end, min(m0 + kBr, p.seqlen_q));
+    return (kv_end + kBc - 1) / kBc;
+}
+
+// ---- producer ------------------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void produce(const FlashFwdParams& p, const Smem& sm, const CUtensorMap* tm_q,
+                                        const CUtensorMap* tm_k, const CUtensorMap* tm_v, int m0, int head,
+                                        int kv_head, int batch, int n_tiles) {
+    mbar_arrive_expect_tx(sm.q_full(), kQBytes);
+#pragma unroll
+    for (int wg = 0; wg < kConsumerWGs; ++wg)
+#pragma unroll
+        for (int c = 0; c < kDChunks; ++c)
+            tma_load_4d(sm.q + wg * kQWGBytes + c * (kRowsPerWG * kChunkRowBytes), tm_q, c * kSwizzleCols,
+                        m0 + wg * kRowsPerWG, head, batch, sm.q_full());
+
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int n = 0; n < n_tiles; ++n) {
+        mbar_wait(sm.empty(stage), phase ^ 1);
+        mbar_arrive_expect_tx(sm.k_full(stage), kKVTileBytes);
+#pragma unroll
+        for (int c = 0; c < kDChunks; ++c)
+            tma_load_4d(sm.k_tile(stage) + c * kKVChunkBytes, tm_k, c * kSwizzleCols, n * kBc, kv_head, batch,
+                        sm.k_full(stage));
+        mbar_arrive_expect_tx(sm.v_full(stage), kKVTileBytes);
+#pragma unroll
+        for (int c = 0; c < kDChunks; ++c)
+            tma_load_4d(sm.v_tile(stage) + c * kKVChunkBytes, tm_v, c * kSwizzleCols, n * kBc, kv_head, batch,
+                        sm.v_full(stage));
+        if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+        }
+    }
+}
+
+// ---- consumer pieces -------------------------------------------------------------------------------------------------
+
+// S = Q·Kᵀ over head_dim in k16 steps. Within a 128-byte swizzle atom a k-step advances the start address by
+// 32 bytes (the hardware applies the swizzle to the final address); every 64 columns moves to the next chunk.
+__device__ __forceinline__ void issue_qk(float (&s)[kSRegs], uint32_t q_addr, uint32_t k_addr) {
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+        const uint32_t off = (kk % 4) * 32;
+        const uint64_t a = desc_sw128(q_addr + (kk / 4) * (kRowsPerWG * kChunkRowBytes) + off, 16, 1024);
+        const uint64_t b = desc_sw128(k_addr + (kk / 4) * kKVChunkBytes + off, 16, 1024);
+        Mma::ss(s, a, b, kk > 0 ? 1u : 0u);
+    }
+}
+
+// O += P·V over the Bc keys in k16 steps. V sits in shared memory as [chunk of 64 head_dim columns][key][64],
+// i.e. N-major for this product: LBO steps between the 64-column chunks, SBO between groups of 8 keys, and a
+// k-step moves 16 keys = 2048 bytes.
+__device__ __forceinline__ void issue_pv(float (&o)[kORegs], const uint32_t (&pf)[kPRegs], uint32_t v_addr) {
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+        const uint64_t b = desc_sw128(v_addr + kk * 16 * kChunkRowBytes, kKVChunkBytes, 1024);
+        MmaPV::rs<1>(o, &pf[4 * kk], b, 1u);
+    }
+}
+
+// The accumulator of m64nNk16 gives each thread rows r and r + 8 of its warp's 16 (r = lane / 4) and, for each
+// 8-column block j, columns 8j + 2·(lane % 4) + {0, 1}: s[4j + 2h + e] is row r + 8h, that column + e.
+// Updates the running max m (log2 units, scale folded) and the thread's partial row sums l, turns s into
+// probabilities in place, and returns the factor by which O accumulated so far must shrink.
+template <bool kMask>
+__device__ __forceinline__ void softmax_tile(float (&s)[kSRegs], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                             float scale_log2, int row0, int col0, int seqlen_k) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        int col_limit = seqlen_k;
+        if constexpr (kCausal) col_limit = min(col_limit, row0 + 8 * h + 1);
+        float mx = -CUDART_INF_F;
+#pragma unroll
+        for (int j = 0; j < kBc / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& x = s[4 * j + 2 * h + e];
+                if constexpr (kMask) {
+                    if (col0 + 8 * j + 2 * (lane % 4) + e >= col_limit) x = -CUDART_INF_F;
+                }
+                mx = fmaxf(mx, x);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        const float m_new = fmaxf(m[h], mx * scale_log2);
+        // A row with every score masked so far keeps m = -inf; subtract 0 then so -inf - -inf never makes NaN.
+        const float base = m_new == -CUDART_INF_F ? 0.f : m_new;
+        corr[h] = fast_exp2(m[h] - base);
+        m[h] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < kBc / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& x = s[4 * j + 2 * h + e];
+                x = fast_exp2(fmaf(x, scale_log2, -base));
+                sum += x;
+            }
+        l[h] = l[h] * corr[h] + sum;
+    }
+}
+
+__device__ __forceinline__ void rescale_o(float (&o)[kORegs], const float (&corr)[2]) {
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+        o[4 * j + 0] *= corr[0];
+        o[4 * j + 1] *= corr[0];
+        o[4 * j + 2] *= corr[1];
+        o[4 * j + 3] *= corr[1];
+    }
+}
+
+// P's accumulator layout equals the m64nNk16 A-fragment layout once packed pairwise: k-step kk takes the two
+// 8-column blocks 2kk, 2kk + 1, i.e. s[8kk .. 8kk + 7] in order.
+__device__ __forceinline__ void convert_p(const float (&s)[kSRegs], uint32_t (&pf)[kPRegs]) {
+#pragma unroll
+    for (int i = 0; i < kPRegs; ++i) pf[i] = pack2(s[2 * i], s[2 * i + 1]);
+}
+
+// Tiles that can hold a masked score for this warpgroup's rows: past seqlen_k, or crossing the causal diagonal.
+__device__ __forceinline__ bool tile_needs_mask(int n, int wg_row0, int seqlen_k) {
+    const int col_end = (n + 1) * kBc;
+    return col_end > seqlen_k || (kCausal && col_end - 1 > wg_row0);
+}
+
+__device__ __forceinline__ void softmax_any(bool mask, float (&s)[kSRegs], float (&m)[2], float (&l)[2],
+                                            float (&corr)[2], float scale_log2, int row0, int col0, int seqlen_k) {
+    if (mask)
+        softmax_tile<true>(s, m, l, corr, scale_log2, row0, col0, seqlen_k);
+    else
+        softmax_tile<false>(s, m, l, corr, scale_log2, row0, col0, seqlen_k);
+}
+
+// Ping-pong turns: warpgroup w waits on barrier (1 + w) before issuing its GEMMs and, once issued, lets the
+// other one go. Both take the same number of turns, so the other's opening arrive and the skipped final arrive
+// of warpgroup 1 leave no barrier half-arrived at exit.
+struct Turns {
+    int wg;
+    __device__ void begin() const {
+        if constexpr (kPingPong) named_bar_sync(kPingPongBarrier0 + wg, kPingPongThreads);
+    }
+    __device__ void end(bool last) const {
+        if constexpr (kPingPong) {
+            if (!(last && wg == 1)) named_bar_arrive(kPingPongBarrier0 + (1 - wg), kPingPongThreads);
+        }
+    }
+};
+
+__device__ __forceinline__ void release(const Smem& sm, int stage) {
+    if (threadIdx.x % 32 == 0) mbar_arrive(sm.empty(stage));
+}
+
+__device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm, int wg, int m0, int head,
+                                        int batch, int n_tiles) {
+    const int tid = threadIdx.x % 128;
+    const int warp = tid / 32, lane = tid % 32;
+    const int wg_row0 = m0 + wg * kRowsPerWG;          // first query row of this warpgroup
+    const int row0 = wg_row0 + warp * 16 + lane / 4;   // this thread's rows: row0 and row0 + 8
+    const uint32_t q_addr = sm.q + wg * kQWGBytes;
+    const float scale_log2 = p.scale_log2;
+    const Turns turns{wg};
+
+    float o[kORegs];
+#pragma unroll
+    for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
+    float s[kSRegs];  // written by the first wgmma (scale-d 0); zeroed so the asm's "+f" never reads garbage
+#pragma unroll
+    for (int i = 0; i < kSRegs; ++i) s[i] = 0.f;
+    uint32_t pf[kPRegs];
+    float m[2] = {-CUDART_INF_F, -CUDART_INF_F};
+    float l[2] = {0.f, 0.f};
+    float corr[2];
+
+    if constexpr (kPingPong) {
+        if (wg == 1) named_bar_arrive(kPingPongBarrier0, kPingPongThreads);  // warpgroup 0 takes the first turn
+    }
+    mbar_wait(sm.q_full(), 0);
+
+    int stage = 0;
+    uint32_t phase = 0;
+    if constexpr (!kOverlap) {
+        for (int n = 0; n < n_tiles; ++n) {
+            mbar_wait(sm.k_full(stage), phase);
+            fence_regs(s);
+            wgmma_fence();
+            issue_qk(s, q_addr, sm.k_tile(stage));
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(s);
+            softmax_any(tile_needs_mask(n, wg_row0, p.seqlen_k), s, m, l, corr, scale_log2, row0, n * kBc,
+                        p.seqlen_k);
+            rescale_o(o, corr);
+            convert_p(s, pf);
+            mbar_wait(sm.v_full(stage), phase);
+            fence_regs(o);
+            fence_regs(pf);
+            wgmma_fence();
+            issue_pv(o, pf, sm.v_tile(stage));
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(o);
+            release(sm, stage);
+            if (++stage == kStages) {
+                stage = 0;
+                phase ^= 1;
+            }
+        }
+    } else {
+        // Prologue: S(0) and its softmax; O is still zero, so its correction factor is irrelevant.
+        mbar_wait(sm.k_full(0), 0);
+        turns.begin();
+        fence_regs(s);
+        wgmma_fence();
+        issue_qk(s, q_addr, sm.k_tile(0));
+        wgmma_commit();
+        turns.end(false);
+        wgmma_wait<0>();
+        fence_regs(s);
+        softmax_any(tile_needs_mask(0, wg_row0, p.seqlen_k), s, m, l, corr, scale_log2, row0, 0, p.seqlen_k);
+        convert_p(s, pf);
+
+        int prev_stage = 0;
+        uint32_t prev_phase = 0;
+        if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+        }
+        for (int n = 1; n < n_tiles; ++n) {
+            mbar_wait(sm.k_full(stage), phase);
+            mbar_wait(sm.v_full(prev_stage), prev_phase);
+            turns.begin();
+            fence_regs(s);
+            fence_regs(o);
+            fence_regs(pf);
+            wgmma_fence();
+            issue_qk(s, q_addr, sm.k_tile(stage));
+            wgmma_commit();
+            issue_pv(o, pf, sm.v_tile(prev_stage));
+            wgmma_commit();
+            turns.end(false);
+            wgmma_wait<1>();  // S(n) is ready; P(n-1)·V(n-1) may still run under the softmax
+            fence_regs(s);
+            softmax_any(tile_needs_mask(n, wg_row0, p.seqlen_k), s, m, l, corr, scale_log2, row0, n * kBc,
+                        p.seqlen_k);
+            wgmma_wait<0>();
+            fence_regs(o);
+            fence_regs(pf);
+            release(sm, prev_stage);
+            rescale_o(o, corr);
+            convert_p(s, pf);
+            prev_stage = stage;
+            prev_phase = phase;
+            if (++stage == kStages) {
+                stage = 0;
+                phase ^= 1;
+            }
+        }
+        // Epilogue: the last P·V.
+        mbar_wait(sm.v_full(prev_stage), prev_phase);
+        turns.begin();
+        fence_regs(o);
+        fence_regs(pf);
+        wgmma_fence();
+        issue_pv(o, pf, sm.v_tile(prev_stage));
+        wgmma_commit();
+        turns.end(true);
+        wgmma_wait<0>();
+        fence_regs(o);
+        release(sm, prev_stage);
+    }
+
+    // Normalise: the row sum is spread over the 4 threads of a quad.
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l[h] += __shfl_xor_sync(0xffffffff, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffff, l[h], 2);
+        inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;
+    }
+
+    using Elem = uint16_t;
+    Elem* o_base = reinterpret_cast<Elem*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 8 * h;
+        if (row < p.seqlen_q) {
+            Elem* o_row = o_base + static_cast<long long>(row) * p.o_row_stride + 2 * (lane % 4);
+#pragma unroll
+            for (int j = 0; j < kHeadDim / 8; ++j)
+                *reinterpret_cast<uint32_t*>(o_row + 8 * j) =
+                    pack2(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+            if (p.lse != nullptr && lane % 4 == 0) {
+                // m is in log2 units with the scale folded in; the API wants the natural-log logsumexp.
+                const float lse = l[h] > 0.f ? (m[h] + __log2f(l[h])) * 0.69314718055994531f : -CUDART_INF_F;
+                p.lse[(static_cast<long long>(batch) * p.heads + head) * p.seqlen_q + row] = lse;
+            }
+        }
+    }
+}
+
+}  // namespace sm90
+
+using namespace sm90;
+
+extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
+    flash_fwd_wgmma(const __grid_constant__ FlashFwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                    const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+    extern __shared__ uint8_t smem_raw[];
+
+    Smem sm;
+    sm.q = (smem_u32(smem_raw) + kSmemAlign - 1) & ~static_cast<uint32_t>(kSmemAlign - 1);
+    sm.k = sm.q + kQBytes;
+    sm.v = sm.k + kStages * kKVTileBytes;
+    sm.bars = sm.v + kStages * kKVTileBytes;
+
+    // Under causal masking the last query blocks have the most key tiles: launch them first so the long CTAs
+    // do not end up as the tail of the grid.
+    const int m_block = kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+    const int m0 = m_block * kBr;
+    const int head = blockIdx.y, batch = blockIdx.z;
+    const int kv_head = head / (p.heads / p.kv_heads);
+    const int n_tiles = num_kv_tiles(p, m0);
+    // Warp-uniform by construction, so the role branch below does not diverge inside a warp.
+    const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x) / 128, 0);
+
+    if (threadIdx.x == 0) {
+        prefetch_tensormap(&tm_q);
+        prefetch_tensormap(&tm_k);
+        prefetch_tensormap(&tm_v);
+        mbar_init(sm.q_full(), 1);
+        for (int s = 0; s < kStages; ++s) {
+            mbar_init(sm.k_full(s), 1);
+            mbar_init(sm.v_full(s), 1);
+            mbar_init(sm.empty(s), 4 * kConsumerWGs);  // lane 0 of every consumer warp releases a slot
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {
+        if constexpr (kSetMaxNReg) setmaxnreg_dec<kProducerRegs>();
+        if (threadIdx.x == 0) produce(p, sm, &tm_q, &tm_k, &tm_v, m0, head, kv_head, batch, n_tiles);
+    } else {
+        if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
+        consume(p, sm, warpgroup - 1, m0, head, batch, n_tiles);
+    }
+}

@@ -1,0 +1,91 @@
+// The only place that interprets the wgmma family's macros. Every figure here has a twin in space/wgmma.py, and
+// every static_assert message starts with the name of the space/ rule that prunes the same configurations.
+#pragma once
+
+#if !defined(AT_HEAD_DIM) || !defined(AT_DTYPE_BF16) || !defined(AT_CAUSAL) || !defined(AT_CONSUMER_WGS) ||     \
+    !defined(AT_BC) || !defined(AT_STAGES) || !defined(AT_SETMAXNREG) || !defined(AT_OVERLAP) ||                 \
+    !defined(AT_PINGPONG) || !defined(AT_MIN_BLOCKS) || !defined(AT_EXPECT_THREADS) ||                           \
+    !defined(AT_EXPECT_SMEM_STATIC) || !defined(AT_EXPECT_SMEM_DYNAMIC)
+#error "wgmma family: build through space.defines(config, problem); a macro is missing"
+#endif
+
+namespace sm90 {
+
+// ---- problem ----------------------------------------------------------------------------------------------------
+constexpr int kHeadDim = AT_HEAD_DIM;
+constexpr bool kBf16 = AT_DTYPE_BF16 != 0;
+constexpr bool kCausal = AT_CAUSAL != 0;
+
+// ---- axes -------------------------------------------------------------------------------------------------------
+constexpr int kConsumerWGs = AT_CONSUMER_WGS;  // warpgroups running wgmma; each owns 64 query rows
+constexpr int kBc = AT_BC;                     // key columns per K/V tile (the N of S = Q·Kᵀ, the K of P·V)
+constexpr int kStages = AT_STAGES;             // K/V slots in the shared-memory ring
+constexpr bool kSetMaxNReg = AT_SETMAXNREG != 0;
+constexpr bool kOverlap = AT_OVERLAP != 0;     // issue S(n) together with P(n-1)·V(n-1); softmax(n) runs under P·V
+constexpr bool kPingPong = AT_PINGPONG != 0;   // two consumer warpgroups take turns on the tensor cores
+constexpr int kMinBlocks = AT_MIN_BLOCKS;
+
+// ---- derived ----------------------------------------------------------------------------------------------------
+constexpr int kRowsPerWG = 64;                 // the M of wgmma
+constexpr int kBr = kRowsPerWG * kConsumerWGs;
+constexpr int kThreads = 128 * (1 + kConsumerWGs);  // warpgroup 0 is the TMA producer
+constexpr int kElemBytes = 2;
+constexpr int kSwizzleCols = 64;               // 128-byte swizzle span in 16-bit elements: one TMA box width
+constexpr int kDChunks = kHeadDim / kSwizzleCols;
+constexpr int kChunkRowBytes = kSwizzleCols * kElemBytes;  // 128
+
+// Shared memory, all dynamic: [alignment slack][Q: wg × chunk × 64 rows][K: stage × chunk × Bc rows][V: same]
+// [mbarriers: Q full, then K full, V full and slot empty per stage]. Swizzled TMA boxes and wgmma descriptors
+// assume 1024-byte-aligned atoms, and the dynamic base is only promised 16-byte alignment, hence the slack.
+// Nothing is static (ptxas rounds static sizes, which would blur the contract with space/).
+constexpr int kSmemAlign = 1024;
+constexpr int kQWGBytes = kRowsPerWG * kHeadDim * kElemBytes;
+constexpr int kQBytes = kBr * kHeadDim * kElemBytes;
+constexpr int kKVChunkBytes = kBc * kChunkRowBytes;
+constexpr int kKVTileBytes = kBc * kHeadDim * kElemBytes;
+constexpr int kNumBarriers = 1 + 3 * kStages;
+constexpr int kSmemDynamic = kSmemAlign + kQBytes + 2 * kStages * kKVTileBytes + 8 * kNumBarriers;
+constexpr int kSmemStatic = 0;
+
+// Register budget: the launch-bounds cap, and what setmaxnreg hands each role.
+constexpr int kRegCap = (65536 / (kThreads * kMinBlocks)) / 8 * 8 > 255 ? 255
+                                                                       : (65536 / (kThreads * kMinBlocks)) / 8 * 8;
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegsRaw = (65536 - 128 * kProducerRegs) / (128 * kConsumerWGs) / 8 * 8;
+constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
+// S + O (f32) + P (f16x2) per consumer thread, plus a few for row statistics, indices and addresses
+// (calibrated on ptxas: one register more spills, e.g. 3 warpgroups d128 Bc=128 with 160 registers).
+constexpr int kRegOverhead = 8;
+constexpr int kAccumulatorRegs = kBc / 2 + kHeadDim / 2 + kBc / 4 + kRegOverhead;
+constexpr int kConsumerRegBudget = kSetMaxNReg ? kConsumerRegs : kRegCap;
+
+// ---- rules (names as in space/wgmma.py) ----------------------------------------------------------------------------
+static_assert(kHeadDim % kSwizzleCols == 0, "head_dim_chunks: head_dim must be a multiple of 64 (128-byte TMA boxes)");
+static_assert(kBc % 16 == 0 && kBc >= 16 && kBc <= 256,
+              "bc_multiple_of_16: Bc must be a multiple of 16 in [16, 256] (k16 steps of P·V, wgmma N, TMA box)");
+static_assert(kConsumerWGs >= 1 && kConsumerWGs <= 3, "consumer_wgs_range: 1 to 3 consumer warpgroups");
+static_assert(kStages >= 1, "stages_positive: at least one K/V slot");
+static_assert(!kPingPong || kConsumerWGs == 2, "pingpong_needs_two_consumers: ping-pong alternates two warpgroups");
+static_assert(!kPingPong || kOverlap,
+              "pingpong_needs_overlap: a ping-pong turn is the S(n) + P(n-1)·V(n-1) issue of the overlapped loop");
+static_assert(!kSetMaxNReg || kConsumerWGs >= 2,
+              "setmaxnreg_needs_two_consumers: with one consumer warpgroup every thread already gets 255 registers");
+static_assert(!kSetMaxNReg || kMinBlocks == 1,
+              "setmaxnreg_one_block: register reallocation needs __launch_bounds__(threads, 1)");
+static_assert(kThreads <= 1024, "threads_per_block: at most 1024 threads per block");
+static_assert(kThreads * kMinBlocks <= 2048, "threads_per_sm: THREADS × MIN_BLOCKS must fit the SM's thread slots");
+static_assert(kSmemStatic <= 48 * 1024, "static_smem_limit: static shared memory is limited to 48 KB");
+static_assert(kSmemStatic + kSmemDynamic <= 232448,
+              "smem_optin_limit: total shared memory must fit the per-block opt-in limit of sm_90");
+static_assert(kMinBlocks == 1 || kMinBlocks * (kSmemStatic + kSmemDynamic + 1024) <= 233472,
+              "min_blocks_smem: MIN_BLOCKS CTAs must fit the SM's shared memory together");
+static_assert(kAccumulatorRegs <= kConsumerRegBudget,
+              "accumulators_fit_registers: S + O + P per thread exceed the consumer register budget (certain spill)");
+
+// ---- the launch contract ------------------------------------------------------------------------------------------
+static_assert(AT_EXPECT_THREADS == kThreads, "layout_threads: space/ and the traits disagree on threads per block");
+static_assert(AT_EXPECT_SMEM_STATIC == kSmemStatic, "layout_smem_static: space/ and the traits disagree on static smem");
+static_assert(AT_EXPECT_SMEM_DYNAMIC == kSmemDynamic,
+              "layout_smem_dynamic: space/ and the traits disagree on dynamic smem");
+
+}  // namespace sm90

@@ -1,0 +1,179 @@
+"""The Hopper-native family (TMA + mbarrier ring, warp-specialised, wgmma): kernels/sm90/, sm_90a only.
+
+Every formula here has a twin in kernels/sm90/traits.cuh; the rule names are the prefixes of its static_assert
+messages, and tests/test_wgmma_compile.py compiles a sample to check that both sides agree.
+"""
+from __future__ import annotations
+
+from .arch import Arch
+from .config import Axis, Config, Family, Layout, Rule, register_family
+from .problem import Problem
+
+ELEM_BYTES = 2         # fp16 / bf16
+ROWS_PER_WG = 64       # the M of wgmma: each consumer warpgroup owns 64 query rows
+SWIZZLE_COLS = 64      # 128-byte swizzle span in elements: head_dim is loaded in boxes this wide
+SMEM_ALIGN = 1024      # slack to align the dynamic base to a swizzle atom
+PRODUCER_REGS = 24     # setmaxnreg.dec target of the producer warpgroup
+MAX_CONSUMER_REGS = 240
+REG_OVERHEAD = 8       # row statistics, indices, addresses (calibrated: 3 warpgroups d128 Bc=128 spill at 160)
+
+AXES = (
+    Axis("consumer_wgs", (1, 2, 3), "AT_CONSUMER_WGS",
+         "consumer warpgroups (64 query rows each): Br = 64 × consumer_wgs"),
+    Axis("bc", (64, 80, 96, 112, 128, 144, 160, 176, 192), "AT_BC",
+         "key columns per K/V tile: the N of S = Q·Kᵀ (any multiple of 16 the instruction and smem allow)"),
+    Axis("stages", (2, 3, 4), "AT_STAGES", "K/V slots in the TMA/mbarrier shared-memory ring"),
+    Axis("setmaxnreg", (True, False), "AT_SETMAXNREG",
+         "producer warpgroup gives registers to the consumers (setmaxnreg.dec 24 / .inc)"),
+    Axis("overlap", (True, False), "AT_OVERLAP",
+         "issue S(n) with P(n-1)·V(n-1) and run softmax(n) while P·V is on the tensor cores"),
+    Axis("pingpong", (True, False), "AT_PINGPONG",
+         "two consumer warpgroups alternate GEMM turns on named barriers (one's softmax under the other's GEMMs)"),
+    Axis("min_blocks", (1, 2), "AT_MIN_BLOCKS", "__launch_bounds__ minimum resident CTAs per SM"),
+)
+
+
+def br(c: Config) -> int:
+    return ROWS_PER_WG * c.consumer_wgs
+
+
+def threads(c: Config) -> int:
+    return 128 * (1 + c.consumer_wgs)
+
+
+def num_barriers(c: Config) -> int:
+    return 1 + 3 * c.stages  # Q full; K full, V full, slot empty per stage
+
+
+def smem_regions(c: Config, p: Problem) -> dict[str, int]:
+    d = p.head_dim
+    return {
+        "align": SMEM_ALIGN,
+        "q": br(c) * d * ELEM_BYTES,
+        "kv": 2 * c.stages * c.bc * d * ELEM_BYTES,
+        "barriers": 8 * num_barriers(c),
+    }
+
+
+def layout(c: Config, p: Problem) -> Layout:
+    return Layout(threads=threads(c), smem_static=0, smem_dynamic=sum(smem_regions(c, p).values()),
+                  rows_per_block=br(c))
+
+
+def register_cap(n_threads: int, min_blocks: int) -> int:
+    """ptxas' per-thread cap under __launch_bounds__(threads, min_blocks): 65536 / (threads·blocks), ≤ 255."""
+    return min(255, (65536 // (n_threads * min_blocks)) // 8 * 8)
+
+
+def consumer_registers(consumer_wgs: int) -> int:
+    """setmaxnreg.inc target: what is left of the register file after the producer's 24, split evenly."""
+    return min(MAX_CONSUMER_REGS, (65536 - 128 * PRODUCER_REGS) // (128 * consumer_wgs) // 8 * 8)
+
+
+def accumulator_registers(c: Config, p: Problem) -> int:
+    """Registers per consumer thread live across a tile: S and O in f32, P as packed 16-bit pairs, + overhead."""
+    return c.bc // 2 + p.head_dim // 2 + c.bc // 4 + REG_OVERHEAD
+
+
+def _rule(name, doc):
+    def deco(fn):
+        return Rule(name, fn, doc)
+    return deco
+
+
+@_rule("head_dim_chunks", "head_dim must be a multiple of 64 (TMA boxes one 128-byte swizzle span wide)")
+def head_dim_chunks(c, p, a, lay):
+    if p.head_dim % SWIZZLE_COLS:
+        return f"head_dim={p.head_dim} is not a multiple of {SWIZZLE_COLS}"
+
+
+@_rule("bc_multiple_of_16", "Bc must be a multiple of 16 in [16, 256] (k16 steps of P·V, wgmma N, TMA box)")
+def bc_multiple_of_16(c, p, a, lay):
+    if c.bc % 16 or not 16 <= c.bc <= 256:
+        return f"bc={c.bc} is not a multiple of 16 in [16, 256]"
+
+
+@_rule("pingpong_needs_two_consumers", "ping-pong alternates exactly two consumer warpgroups")
+def pingpong_needs_two_consumers(c, p, a, lay):
+    if c.pingpong and c.consumer_wgs != 2:
+        return f"pingpong needs consumer_wgs=2, got {c.consumer_wgs}"
+
+
+@_rule("pingpong_needs_overlap", "a ping-pong turn is the S(n) + P(n-1)·V(n-1) issue of the overlapped loop")
+def pingpong_needs_overlap(c, p, a, lay):
+    if c.pingpong and not c.overlap:
+        return "pingpong needs overlap=True"
+
+
+@_rule("setmaxnreg_needs_two_consumers", "with one consumer warpgroup every thread already gets 255 registers")
+def setmaxnreg_needs_two_consumers(c, p, a, lay):
+    if c.setmaxnreg and c.consumer_wgs < 2:
+        return f"setmaxnreg needs consumer_wgs >= 2, got {c.consumer_wgs}"
+
+
+@_rule("setmaxnreg_one_block", "register reallocation needs __launch_bounds__(threads, 1)")
+def setmaxnreg_one_block(c, p, a, lay):
+    if c.setmaxnreg and c.min_blocks != 1:
+        return f"setmaxnreg needs min_blocks=1, got {c.min_blocks}"
+
+
+@_rule("threads_per_block", "at most 1024 threads per block")
+def threads_per_block(c, p, a, lay):
+    if lay.threads > a.max_threads_per_block:
+        return f"{lay.threads} threads > {a.max_threads_per_block}"
+
+
+@_rule("threads_per_sm", "THREADS × MIN_BLOCKS must fit the SM's thread slots")
+def threads_per_sm(c, p, a, lay):
+    if lay.threads * c.min_blocks > a.max_threads_per_sm:
+        return f"{lay.threads} threads × min_blocks {c.min_blocks} > {a.max_threads_per_sm} per SM on {a.name}"
+
+
+@_rule("static_smem_limit", "static shared memory is limited to 48 KB")
+def static_smem_limit(c, p, a, lay):
+    if lay.smem_static > a.static_smem_limit:
+        return f"static smem {lay.smem_static} B > {a.static_smem_limit} B"
+
+
+@_rule("smem_optin_limit", "total shared memory must fit the per-block opt-in limit of the arch")
+def smem_optin_limit(c, p, a, lay):
+    if lay.smem_total > a.smem_optin_per_block:
+        return f"smem {lay.smem_total} B > {a.smem_optin_per_block} B opt-in limit on {a.name}"
+
+
+@_rule("min_blocks_smem", "MIN_BLOCKS CTAs must fit the SM's shared memory together")
+def min_blocks_smem(c, p, a, lay):
+    need = c.min_blocks * (lay.smem_total + a.smem_reserved_per_block)
+    if c.min_blocks > 1 and need > a.smem_per_sm:
+        return f"min_blocks {c.min_blocks} × ({lay.smem_total} + {a.smem_reserved_per_block}) B > {a.smem_per_sm} B per SM"
+
+
+@_rule("accumulators_fit_registers", "S + O + P (+ overhead) per consumer thread must fit its register budget")
+def accumulators_fit_registers(c, p, a, lay):
+    budget = consumer_registers(c.consumer_wgs) if c.setmaxnreg else register_cap(lay.threads, c.min_blocks)
+    need = accumulator_registers(c, p)
+    if need > budget:
+        return f"{need} accumulator registers per consumer thread > budget {budget} (certain spill)"
+
+
+RULES = (head_dim_chunks, bc_multiple_of_16, pingpong_needs_two_consumers, pingpong_needs_overlap,
+         setmaxnreg_needs_two_consumers, setmaxnreg_one_block, threads_per_block, threads_per_sm,
+         static_smem_limit, smem_optin_limit, min_blocks_smem, accumulators_fit_registers)
+
+
+def default(p: Problem, a: Arch) -> Config:
+    """FlashAttention-3's sm90 picks (tile_size_fwd_sm90) in our axes: 2 consumer warpgroups ping-ponging with
+    intra-warpgroup overlap; for d64 three warpgroups (Br = 192) without ping-pong; wider key tiles when not
+    causal."""
+    if p.head_dim == 64:
+        return Config.make("wgmma", consumer_wgs=3, bc=128, stages=2, setmaxnreg=True, overlap=True,
+                           pingpong=False, min_blocks=1)
+    bc = {128: 128 if p.causal else 176, 256: 80}[p.head_dim]
+    return Config.make("wgmma", consumer_wgs=2, bc=bc, stages=2, setmaxnreg=True, overlap=True,
+                       pingpong=True, min_blocks=1)
+
+
+FAMILY = register_family(Family(
+    name="wgmma", source="sm90/flash_fwd.cu", entry="flash_fwd_wgmma",
+    axes=AXES, rules=RULES, layout=layout, default=default,
+))
