@@ -53,9 +53,10 @@ constexpr int kRegCap = (65536 / (kThreads * kMinBlocks)) / 8 * 8 > 255 ? 255
 constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegsRaw = (65536 - 128 * kProducerRegs) / (128 * kConsumerWGs) / 8 * 8;
 constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
-// S + O (f32) + P (f16x2) per consumer thread, plus a few for row statistics, indices and addresses
-// (calibrated on ptxas: one register more spills, e.g. 3 warpgroups d128 Bc=128 with 160 registers).
-constexpr int kRegOverhead = 8;
+// S + O (f32) + P (f16x2) per consumer thread, plus row statistics, indices and addresses; the overlapped loop
+// keeps more alive across the asynchronous P·V. Calibrated on ptxas 13.0: 8 / 32 are the smallest margins with
+// no spill in the sampled space (e.g. overlapped 3 warpgroups d128 Bc=96 spill at 160 with a margin of 24).
+constexpr int kRegOverhead = kOverlap ? 32 : 8;
 constexpr int kAccumulatorRegs = kBc / 2 + kHeadDim / 2 + kBc / 4 + kRegOverhead;
 constexpr int kConsumerRegBudget = kSetMaxNReg ? kConsumerRegs : kRegCap;
 

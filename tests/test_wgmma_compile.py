@@ -1,0 +1,165 @@
+"""The wgmma family on CPU: space/wgmma.py against the compiler, for sm_90a.
+
+- every default and a sample of valid configs compile, with no spills and no static shared memory (all of it is
+  dynamic, as space.layout says);
+- configs that break one rule alone fail with a static_assert naming exactly that rule;
+- the family exists only on sm_90; the default is a valid config for every problem;
+- the generated wgmma wrappers are up to date; the tensor-map geometry validates strides.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+import space
+import space.wgmma  # noqa: F401  (registers the family)
+from space import Config, Problem
+
+ARCH = space.get_arch("sm_90")
+FAMILY = space.get_family("wgmma")
+PROBLEMS = tuple(Problem(d, dt, c) for d in (64, 128, 256) for dt in ("fp16", "bf16") for c in (False, True))
+SAMPLE_PROBLEMS = (Problem(128, "fp16", False), Problem(64, "bf16", True), Problem(256, "fp16", True))
+RANDOM_VALID_PER_PROBLEM = 4
+SEED = 20261130
+STATIC_ASSERT_RULE = re.compile(r'static assertion failed with "(\w+):')
+KERNELS = Path(__file__).resolve().parent.parent / "kernels"
+
+
+@functools.lru_cache(maxsize=None)
+def sample() -> tuple[dict, list]:
+    """(invalid picks {rule: [(config, problem, rules)]}, valid [(config, problem)]), deterministic."""
+    invalid: dict[str, list] = {rule.name: [] for rule in FAMILY.rules}
+    valid: list = [(FAMILY.default(p, ARCH), p) for p in PROBLEMS]
+    rng = random.Random(SEED)
+    configs = list(space.enumerate_configs(FAMILY.name))
+    for problem in SAMPLE_PROBLEMS:
+        rng.shuffle(configs)
+        broken = {c: tuple(v.rule for v in space.violations(c, problem, ARCH)) for c in configs}
+        for rule in invalid:
+            alone = next((c for c in configs if broken[c] == (rule,)), None)
+            if alone is not None:
+                invalid[rule].append((alone, problem, broken[alone]))
+        valid += [(c, problem) for c in [c for c in configs if not broken[c]][:RANDOM_VALID_PER_PROBLEM]]
+    return invalid, list(dict.fromkeys(valid))
+
+
+@pytest.fixture(scope="module")
+def verdicts(build_cache_dir):
+    from autotune.build import Builder
+
+    invalid, valid = sample()
+    items = valid + [(c, p) for picks in invalid.values() for c, p, _ in picks]
+    results = Builder(ARCH, cache_dir=build_cache_dir, check_rules=False).build(items)
+    return {(r.config, r.problem): r for r in results}
+
+
+def test_sample_has_both_verdicts():
+    invalid, valid = sample()
+    assert len(valid) >= 20
+    assert sum(len(p) for p in invalid.values()) >= 8
+    assert {c.pingpong for c, _ in valid} == {True, False}
+    assert {c.setmaxnreg for c, _ in valid} == {True, False}
+
+
+def test_valid_configs_compile_without_spills(verdicts):
+    _, valid = sample()
+    failed = [f"{p.key} {c.key}: {verdicts[(c, p)].error}" for c, p in valid if not verdicts[(c, p)].ok]
+    assert not failed, "space/ says valid, the compiler disagrees:\n" + "\n".join(failed)
+    spilled = [f"{p.key} {c.key}: {verdicts[(c, p)].report}" for c, p in valid if verdicts[(c, p)].spilled]
+    assert not spilled, "valid configs spill:\n" + "\n".join(spilled)
+
+
+def test_all_shared_memory_is_dynamic(verdicts):
+    _, valid = sample()
+    wrong = [f"{p.key} {c.key}: ptxas {verdicts[(c, p)].report.smem_static} B static"
+             for c, p in valid if verdicts[(c, p)].ok and verdicts[(c, p)].report.smem_static != 0]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("rule", [r.name for r in FAMILY.rules])
+def test_invalid_configs_fail_with_exactly_the_rules_space_names(rule, verdicts):
+    picks = sample()[0][rule]
+    if not picks:
+        pytest.skip(f"no config of the space breaks {rule!r} alone for {[p.key for p in SAMPLE_PROBLEMS]}")
+    for config, problem, rules in picks:
+        result = verdicts[(config, problem)]
+        assert not result.ok, f"space/ says {rules}, but {problem.key} {config.key} compiled"
+        compiler_rules = set(STATIC_ASSERT_RULE.findall(result.error))
+        assert compiler_rules == set(rules), (
+            f"{problem.key} {config.key}: space/ says {sorted(rules)}, the compiler says {sorted(compiler_rules)}:\n"
+            f"{result.error}")
+
+
+def test_rules_that_can_fire_are_sampled():
+    invalid, _ = sample()
+    for rule in ("pingpong_needs_two_consumers", "pingpong_needs_overlap", "setmaxnreg_needs_two_consumers",
+                 "setmaxnreg_one_block", "smem_optin_limit", "accumulators_fit_registers"):
+        assert invalid[rule], rule
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: p.key)
+def test_default_is_valid(problem):
+    config = FAMILY.default(problem, ARCH)
+    assert config.family == "wgmma"
+    assert space.violations(config, problem, ARCH) == []
+
+
+def test_family_only_on_sm90():
+    config = FAMILY.default(Problem(), ARCH)
+    for name, arch in space.ARCHES.items():
+        verdict = [v.rule for v in space.violations(config, Problem(), arch)]
+        if name == "sm_90":
+            assert verdict == []
+        else:
+            assert verdict == ["family_arch"], name
+
+
+def test_layout():
+    c = Config.make("wgmma", consumer_wgs=3, bc=112, stages=3, setmaxnreg=True, overlap=True, pingpong=False,
+                    min_blocks=1)
+    lay = space.layout(c, Problem(64, "fp16", False))
+    assert (lay.threads, lay.rows_per_block, lay.smem_static) == (512, 192, 0)
+    assert lay.smem_dynamic == 1024 + 192 * 64 * 2 + 2 * 3 * 112 * 64 * 2 + 8 * 10
+    defines = space.defines(c, Problem(64, "fp16", False))
+    assert defines["AT_CONSUMER_WGS"] == 3 and defines["AT_SETMAXNREG"] == 1 and defines["AT_PINGPONG"] == 0
+    assert defines["AT_EXPECT_SMEM_DYNAMIC"] == lay.smem_dynamic
+
+
+def test_generated_wgmma_wrappers_are_current():
+    spec = importlib.util.spec_from_file_location("gen_wgmma_ops", KERNELS / "sm90" / "gen_wgmma_ops.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert (KERNELS / "sm90" / "wgmma_ops.cuh").read_text() == gen.render(), "run kernels/sm90/gen_wgmma_ops.py"
+
+
+def test_tensor_map_geometry_bhnd_and_bnhd():
+    from autotune.tma import tensor_map_geometry
+
+    b, h, n, d = 2, 8, 1000, 128
+    dims, strides, box = tensor_map_geometry((b, h, n, d), (h * n * d, n * d, d, 1), 2, 4096, 176)
+    assert dims == (d, n, h, b) and strides == (d * 2, n * d * 2, h * n * d * 2) and box == (64, 176, 1, 1)
+    # (B, N, H, D) memory viewed as (B, H, N, D): rows step over all heads
+    dims, strides, _ = tensor_map_geometry((b, h, n, d), (n * h * d, d, h * d, 1), 2, 4096, 64)
+    assert strides == (h * d * 2, d * 2, n * h * d * 2)
+    # a size-1 batch keeps whatever legal stride; an illegal one is replaced, never stepped over
+    _, strides, _ = tensor_map_geometry((1, h, n, d), (7, n * d, d, 1), 2, 4096, 64)
+    assert strides[2] % 16 == 0
+
+
+@pytest.mark.parametrize("shape, strides, ptr, box, match", [
+    ((1, 2, 16, 128), (4096, 2048, 128, 2), 0, 64, "contiguous"),
+    ((1, 2, 16, 96), (3072, 1536, 96, 1), 0, 64, "multiple of 64"),
+    ((1, 2, 16, 128), (4096, 2048, 128, 1), 8, 64, "16-byte aligned"),
+    ((1, 2, 16, 128), (4100, 2050, 132, 1), 0, 64, "row stride"),
+    ((1, 2, 16, 128), (4096, 2048, 128, 1), 0, 300, "box_rows"),
+])
+def test_tensor_map_geometry_rejects(shape, strides, ptr, box, match):
+    from autotune.tma import tensor_map_geometry
+
+    with pytest.raises(ValueError, match=match):
+        tensor_map_geometry(shape, strides, 2, ptr, box)
