@@ -61,7 +61,7 @@ def tensor_map_geometry(shape, strides, elem_bytes: int, data_ptr: int, box_rows
     sb, sh, sn, sd = (int(x) for x in strides)
     if d % SWIZZLE_COLS:
         raise ValueError(f"{name}: head_dim must be a multiple of {SWIZZLE_COLS} for 128-byte TMA boxes, got {d}")
-    if sd != 1 and d > 1:
+    if sd != 1:
         raise ValueError(f"{name}: the last dim must be contiguous (stride 1), got stride {sd}")
     if data_ptr % 16:
         raise ValueError(f"{name}: data pointer must be 16-byte aligned, got 0x{data_ptr:x}")
@@ -116,3 +116,14 @@ def flash_tensor_maps(q, k, v, bc: int):
 def as_ctypes(tmap) -> ctypes.Array:
     """The map's 128 opaque bytes as a ctypes array, for loaders that want ctypes kernel arguments."""
     return (ctypes.c_uint8 * TENSOR_MAP_BYTES).from_buffer_copy(ctypes.string_at(int(tmap.getPtr()), TENSOR_MAP_BYTES))
+
+
+def launch_extra_args(config, q, k, v) -> tuple:
+    """The by-value kernel arguments that follow FlashFwdParams for `config`'s family, in order.
+
+    wgmma: (tm_q, tm_k, tm_v) for these very tensors (the maps hold their addresses, so the caller keeps the
+    tensors alive until the launch has run); every other family: none.
+    """
+    if config.family != "wgmma":
+        return ()
+    return flash_tensor_maps(q, k, v, config.bc)

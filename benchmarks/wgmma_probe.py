@@ -55,12 +55,14 @@ LADDER = [
     dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=False, pingpong=False, min_blocks=1),
     dict(consumer_wgs=2, bc=96, stages=3, setmaxnreg=True, overlap=False, pingpong=False, min_blocks=1),
     dict(consumer_wgs=1, bc=64, stages=3, setmaxnreg=False, overlap=True, pingpong=False, min_blocks=2),
+    dict(consumer_wgs=1, bc=112, stages=2, setmaxnreg=False, overlap=False, pingpong=False, min_blocks=2),
     dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=False, min_blocks=1),
     dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=True, min_blocks=1),
     dict(consumer_wgs=2, bc=176, stages=2, setmaxnreg=True, overlap=True, pingpong=True, min_blocks=1),
     dict(consumer_wgs=2, bc=112, stages=3, setmaxnreg=True, overlap=True, pingpong=True, min_blocks=1),
     dict(consumer_wgs=2, bc=80, stages=4, setmaxnreg=True, overlap=True, pingpong=True, min_blocks=1),
     dict(consumer_wgs=3, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=False, min_blocks=1),
+    dict(consumer_wgs=3, bc=80, stages=2, setmaxnreg=True, overlap=True, pingpong=False, min_blocks=1),
     dict(consumer_wgs=3, bc=64, stages=3, setmaxnreg=True, overlap=False, pingpong=False, min_blocks=1),
 ]
 PROBLEMS = [Problem(d, dt, c) for d in (128, 64) for dt in ("fp16", "bf16") for c in (False, True)]

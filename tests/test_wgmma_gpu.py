@@ -1,0 +1,142 @@
+"""Correctness matrix of the wgmma family on a Hopper GPU (issue 8), through the project's own build → load →
+check path (autotune.check in an autotune.worker child, so a fault or hang fails one test, not the matrix).
+
+Configs: a fixed ladder from the plainest producer/consumer kernel to the FA3-style combinations (setmaxnreg,
+intra-warpgroup overlap, ping-pong, 3 consumer warpgroups, non-power-of-two Bc, 2-4 stages, 2 CTAs per SM), plus
+each problem's default; every problem runs the ladder's configs that space/ finds valid for it (≥ 10 each).
+Cases: seqlen 1/17/128/1000/4096, seqlen_q < seqlen_k and >, GQA 4:1, (B,N,H,D) strides, lse.
+The loader must pass autotune.tma.launch_extra_args(config, q, k, v) after the parameter block.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import zlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import space  # noqa: E402
+import space.wgmma  # noqa: E402,F401  (registers the family)
+from space import Config, Problem, Shape  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+IS_HOPPER = HAS_CUDA and torch.cuda.get_device_capability(0) == (9, 0)
+ARCH = space.get_arch("sm_90")
+FAMILY = space.get_family("wgmma")
+CHECK_TIMEOUT_S = 90
+MIN_CONFIGS_PER_PROBLEM = 10
+
+LADDER = tuple(Config.make("wgmma", **d) for d in (
+    dict(consumer_wgs=1, bc=64, stages=2, setmaxnreg=False, overlap=False, pingpong=False, min_blocks=1),
+    dict(consumer_wgs=2, bc=64, stages=2, setmaxnreg=False, overlap=False, pingpong=False, min_blocks=1),
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=False, overlap=False, pingpong=False, min_blocks=1),
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=False, pingpong=False, min_blocks=1),
+    dict(consumer_wgs=2, bc=96, stages=3, setmaxnreg=True, overlap=False, pingpong=False, min_blocks=1),
+    dict(consumer_wgs=1, bc=64, stages=3, setmaxnreg=False, overlap=True, pingpong=False, min_blocks=2),
+    dict(consumer_wgs=1, bc=112, stages=2, setmaxnreg=False, overlap=False, pingpong=False, min_blocks=2),
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=False, min_blocks=1),
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=True, min_blocks=1),
+    dict(consumer_wgs=2, bc=176, stages=2, setmaxnreg=True, overlap=True, pingpong=True, min_blocks=1),
+    dict(consumer_wgs=2, bc=112, stages=3, setmaxnreg=True, overlap=True, pingpong=True, min_blocks=1),
+    dict(consumer_wgs=2, bc=80, stages=4, setmaxnreg=True, overlap=True, pingpong=True, min_blocks=1),
+    dict(consumer_wgs=3, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=False, min_blocks=1),
+    dict(consumer_wgs=3, bc=80, stages=2, setmaxnreg=True, overlap=True, pingpong=False, min_blocks=1),
+    dict(consumer_wgs=3, bc=64, stages=3, setmaxnreg=True, overlap=False, pingpong=False, min_blocks=1),
+))
+PROBLEMS = tuple(Problem(d, dtype, causal) for d in (64, 128) for dtype in space.DTYPES for causal in (False, True))
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    shape: Shape  # head_dim, dtype and causal are replaced by the problem's
+    layout: str
+    lse: bool
+
+
+CASES = (
+    Case("n1", Shape(batch=2, heads=4, seqlen_q=1), "bhnd", lse=True),
+    Case("n17-gqa-bnhd", Shape(batch=2, heads=8, kv_heads=2, seqlen_q=17), "bnhd", lse=False),
+    Case("n128-bnhd", Shape(batch=2, heads=4, seqlen_q=128), "bnhd", lse=True),
+    Case("n1000-gqa", Shape(batch=1, heads=8, kv_heads=2, seqlen_q=1000), "bhnd", lse=True),
+    Case("n4096-gqa-bnhd", Shape(batch=1, heads=4, kv_heads=1, seqlen_q=4096), "bnhd", lse=False),
+    Case("q100-k300", Shape(batch=1, heads=4, seqlen_q=100, seqlen_k=300), "bhnd", lse=True),
+    Case("q300-k100-bnhd", Shape(batch=1, heads=4, seqlen_q=300, seqlen_k=100), "bnhd", lse=True),
+)
+
+
+def plan_for(problem: Problem) -> list[Config]:
+    configs = [FAMILY.default(problem, ARCH)] + [c for c in LADDER if space.is_valid(c, problem, ARCH)]
+    return list(dict.fromkeys(configs))
+
+
+PLAN = tuple((p, c) for p in PROBLEMS for c in plan_for(p))
+
+
+def _short(config: Config) -> str:
+    return "-".join(str(v if not isinstance(v, bool) else int(v)) for _, v in config.values)
+
+
+# ---- CPU: the design of the matrix ----------------------------------------------------------------------------
+
+def test_every_problem_gets_enough_valid_configs():
+    for problem in PROBLEMS:
+        configs = plan_for(problem)
+        assert len(configs) >= MIN_CONFIGS_PER_PROBLEM, (problem.key, len(configs))
+        assert all(space.is_valid(c, problem, ARCH) for c in configs)
+
+
+def test_ladder_covers_every_axis_value():
+    for axis in FAMILY.axes:
+        seen = {getattr(c, axis.name) for _, c in PLAN}
+        if axis.name == "bc":
+            assert len(seen) >= 5, seen
+        else:
+            assert seen == set(axis.values), (axis.name, seen)
+
+
+def test_tensor_maps_follow_the_config():
+    from autotune.tma import launch_extra_args
+
+    assert launch_extra_args(space.default_config(Problem(), ARCH, "mma_sync"), None, None, None) == ()
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        launch_extra_args(LADDER[0], torch.zeros(1, 1, 1, 64, dtype=torch.float16), None, None)
+
+
+# ---- GPU ------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    from autotune.build import Builder
+
+    cache = os.environ.get("AUTOTUNE_TEST_CACHE_DIR") or tmp_path_factory.mktemp("kernel-cache")
+    results = Builder(ARCH, cache_dir=cache, jobs=os.cpu_count()).build(list(PLAN))
+    return {(r.problem, r.config): r for r in results}
+
+
+@pytest.fixture(scope="module")
+def worker():
+    from autotune.worker import Worker
+
+    w = Worker(warmup=("torch.cuda:init", ()))
+    yield w
+    w.stop()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("problem,config", PLAN, ids=[f"{p.key}-{_short(c)}" for p, c in PLAN])
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_HOPPER, reason="needs a Hopper (sm_90) GPU")
+def test_wgmma_matches_reference(builds, worker, problem, config, case):
+    build = builds[(problem, config)]
+    assert build.ok, f"{config.key} for {problem.key} did not build: {build.error}"
+    assert not build.spilled, f"{config.key} for {problem.key} spills: {build.report}"
+    shape = dataclasses.replace(case.shape, head_dim=problem.head_dim, dtype=problem.dtype, causal=problem.causal)
+    seed = zlib.crc32(f"{problem.key}/{config.key}/{case.name}".encode())
+    result = worker.call("autotune.check:check", build, shape, seed, case.layout, case.lse, timeout=CHECK_TIMEOUT_S)
+    assert result.ok, f"autotune.check:check {result.status}: {result.reason}"
+    check = result.value
+    assert check.ok, f"{config.key} on {shape.key} ({case.layout}, seed {seed}): {check.message}"
+    assert check.unwritten == 0 and check.nan_count == 0 and check.out_of_bounds == 0
