@@ -1,0 +1,149 @@
+"""`autotune search`: find the fastest valid configuration of the kernel for one shape on this GPU.
+
+An Optuna study over the design space: invalid configs are rejected before nvcc, builds run ahead of the GPU,
+each survivor is checked against a reference and timed in a child process, and the winner (re-timed next to
+the SDPA baselines) is stored as the best config for the shape. Running the same command again resumes the
+study. Needs a CUDA GPU; for compile-only work without one, use `autotune space --compile`.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import space
+
+USAGE_ERROR = 2
+NO_RESULT = 1
+
+
+def add_parser(subparsers) -> None:
+    from autotune.sampling import SAMPLERS
+    from autotune.search import DEFAULT_EVAL_TIMEOUT, DEFAULT_TRIALS
+
+    p = subparsers.add_parser("search", help="search the fastest kernel config for one shape (needs a GPU)",
+                              description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    shape = p.add_argument_group("shape")
+    shape.add_argument("--seqlen", type=int, default=4096, help="query sequence length (default 4096)")
+    shape.add_argument("--seqlen-k", type=int, default=None, help="key/value sequence length (default: --seqlen)")
+    shape.add_argument("--batch", type=int, default=4, help="batch size (default 4)")
+    shape.add_argument("--heads", type=int, default=16, help="query heads (default 16)")
+    shape.add_argument("--kv-heads", type=int, default=None, help="key/value heads, dividing --heads (default: --heads)")
+    shape.add_argument("--head-dim", type=int, default=128, choices=space.HEAD_DIMS, help="head dimension (default 128)")
+    shape.add_argument("--dtype", default="fp16", choices=space.DTYPES, help="element type (default fp16)")
+    shape.add_argument("--causal", action="store_true", help="causal (top-left aligned) masking")
+
+    s = p.add_argument_group("search")
+    s.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
+                   help=f"evaluated trials the study should reach, counting earlier runs; invalid configs "
+                        f"(rejected before nvcc) and repeats do not count (default {DEFAULT_TRIALS})")
+    s.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="stop starting new trials after this many seconds (default: no limit)")
+    s.add_argument("--sampler", default="tpe", choices=SAMPLERS,
+                   help="tpe (default; multivariate, learns from failures), gp (Gaussian process), random, "
+                        "brute (exhaustive)")
+    s.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    s.add_argument("--study", default=None, metavar="NAME",
+                   help="study name (default: GPU + shape, e.g. h200-b4-h16-n4096-d128-fp16-full)")
+    s.add_argument("--storage", default=None, metavar="URL",
+                   help="SQLAlchemy URL of the studies and the best-per-shape table (default: $AUTOTUNE_STORAGE, "
+                        "else sqlite:///<repo or cwd>/studies/autotune.db)")
+    s.add_argument("--arch", default=None, help="build for this arch (default: the GPU's)")
+    s.add_argument("--family", action="append", default=None, metavar="NAME",
+                   help="search only this kernel family (repeatable; default: every family of the arch)")
+    s.add_argument("--spill-policy", default="prune", metavar="prune|allow|max-bytes=N",
+                   help="builds that spill registers: prune them (default), allow them, or allow up to N bytes "
+                        "of spill stores + loads")
+    s.add_argument("--enqueue", action="append", default=[], metavar="CONFIG_KEY",
+                   help="try this config first (repeatable), e.g. a known good one from `autotune best`")
+    s.add_argument("--retime", type=int, default=3, metavar="N",
+                   help="re-time the top N configs in one session before storing the best (default 3)")
+
+    e = p.add_argument_group("build and evaluation")
+    e.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
+    e.add_argument("--ahead", type=int, default=None, metavar="K",
+                   help="configs asked and built per batch, ahead of the GPU (default: --jobs)")
+    e.add_argument("--eval-timeout", type=float, default=DEFAULT_EVAL_TIMEOUT, metavar="SECONDS",
+                   help=f"a trial whose evaluation takes longer is killed and recorded as timeout "
+                        f"(default {DEFAULT_EVAL_TIMEOUT:g})")
+    e.add_argument("--cache-dir", default=None,
+                   help="kernel cache (default: $AUTOTUNE_CACHE_DIR or ~/.cache/autotune/kernels)")
+    e.add_argument("--max-asks", type=int, default=None, metavar="N",
+                   help="stop after N asks even if --trials is not reached (default: 30 per wanted trial + 200)")
+    e.add_argument("--evaluator", default=None, metavar="MODULE:FUNCTION",
+                   help="for tests and replays: evaluate with this function instead of autotune.measure:evaluate "
+                        "(it runs in the child process; no GPU needed if it needs none)")
+    p.set_defaults(run=run)
+
+
+def _fail(message: str) -> int:
+    print(f"autotune search: {message}", file=sys.stderr)
+    return USAGE_ERROR
+
+
+def options_from_args(args: argparse.Namespace):
+    """SearchOptions from the parsed arguments; ValueError names the argument at fault."""
+    from autotune.search import SearchOptions
+    from autotune.trial import SpillPolicy
+
+    for name in ("seqlen", "batch", "heads"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name}: expected a positive integer, got {getattr(args, name)}")
+    try:
+        shape = space.Shape(batch=args.batch, heads=args.heads, seqlen_q=args.seqlen, seqlen_k=args.seqlen_k,
+                            head_dim=args.head_dim, dtype=args.dtype, causal=args.causal, kv_heads=args.kv_heads)
+    except ValueError as err:  # space says "kv_heads: must divide heads ..."; name the flag instead
+        field, _, message = str(err).partition(":")
+        flag = {"seqlen_q": "seqlen"}.get(field, field).replace("_", "-")
+        raise ValueError(f"--{flag}:{message}") from None
+    enqueue = []
+    for key in args.enqueue:
+        try:
+            enqueue.append(space.Config.from_key(key))
+        except (ValueError, KeyError) as err:
+            raise ValueError(f"--enqueue {key}: {err}") from None
+    if args.arch is not None:
+        space.get_arch(args.arch)  # validates early: "arch: ..." names it
+    return SearchOptions(
+        shape=shape, trials=args.trials, timeout=args.timeout, sampler=args.sampler, seed=args.seed,
+        storage=args.storage, study_name=args.study, arch=args.arch,
+        families=tuple(args.family) if args.family else None, spill_policy=SpillPolicy.parse(args.spill_policy),
+        jobs=args.jobs, ahead=args.ahead, eval_timeout=args.eval_timeout, cache_dir=args.cache_dir,
+        retime_top=args.retime, enqueue=tuple(enqueue), max_asks=args.max_asks,
+        **({"evaluator": args.evaluator} if args.evaluator else {}),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from autotune.search import run_search
+    from autotune.studies import StudyMismatchError
+    from autotune.summary import format_result
+    from autotune.worker import WorkerStartError
+
+    try:
+        options = options_from_args(args)
+        options.check()
+    except ValueError as err:
+        return _fail(str(err))
+    if args.evaluator is None:
+        from autotune.gpu_arch import NoGpuError, detect_arch
+
+        try:
+            detect_arch()
+        except NoGpuError:
+            return _fail("needs a CUDA GPU to time kernels, and none is visible.\n"
+                         "For compile-only work without a GPU, use `autotune space --compile --head-dim D "
+                         "--arch sm_XX` (it builds the valid configs and shows registers and spills).")
+    try:
+        result = run_search(options)
+    except (StudyMismatchError, WorkerStartError) as err:
+        print(f"autotune search: {err}", file=sys.stderr)
+        return USAGE_ERROR if isinstance(err, StudyMismatchError) else NO_RESULT
+    except ValueError as err:
+        if "dynamic value space" in str(err):  # Optuna: the study's parameters had other choices
+            return _fail(f"the study was created with a different design space (axes or domains changed); "
+                         f"use another --study name ({err})")
+        return _fail(str(err))
+    print()
+    print(format_result(result))
+    return 0 if result.best is not None else NO_RESULT

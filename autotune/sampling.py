@@ -1,0 +1,143 @@
+"""The Optuna side of the design space: which parameters a trial suggests, and the samplers.
+
+Parameters (docs/CONTRACTS.md): `family`, then one categorical per axis of the chosen family. Axes are
+conditional on the family (suggested only after it is chosen), so samplers that understand tree-structured
+spaces (TPE with group=True, BruteForce) see the structure. Two families that share an axis name with different
+domains would clash in Optuna's distribution check, so only then the name becomes `<family>.<axis>`.
+
+Each axis offers the values that appear in at least one valid config of this problem and arch: this never
+hides a valid config, and it spares the sampler whole slices that can only fail (for head_dim 256 that removes
+two thirds of the cross product). The domains are a pure function of (problem, arch, families), so a resumed
+study sees the same distributions.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Mapping, Sequence
+
+import space
+from space import Arch, Config, Problem
+
+SAMPLERS = ("tpe", "gp", "random", "brute")
+FAMILY_PARAM = "family"
+
+
+class SearchSpace:
+    def __init__(self, problem: Problem, arch: Arch, families: Sequence[str] | None = None):
+        available = tuple(f for f in arch.families if f in space.FAMILIES)
+        if families:
+            unknown = [f for f in families if f not in available]
+            if unknown:
+                raise ValueError(f"--family: {unknown} not available on {arch.name}; expected some of {list(available)}")
+            available = tuple(f for f in available if f in families)
+        if not available:
+            raise ValueError(f"--arch: no implemented kernel family runs on {arch.name}")
+        self.problem, self.arch = problem, arch
+        self.domains: dict[str, dict[str, tuple]] = {}
+        for family in available:
+            valid = [c for c in space.enumerate_configs(family) if space.is_valid(c, problem, arch)]
+            if not valid:
+                continue
+            axes = space.get_family(family).axes
+            self.domains[family] = {
+                a.name: tuple(v for v in a.values if any(getattr(c, a.name) == v for c in valid)) for a in axes
+            }
+        if not self.domains:
+            raise ValueError(f"no valid config of {list(available)} exists for {problem.key} on {arch.name}")
+        self.families = tuple(self.domains)
+        self._names = self._param_names()
+
+    def _param_names(self) -> dict[tuple[str, str], str]:
+        seen: dict[str, set[tuple]] = {}
+        for family, axes in self.domains.items():
+            for axis, domain in axes.items():
+                seen.setdefault(axis, set()).add(domain)
+        return {(family, axis): axis if len(seen[axis]) == 1 else f"{family}.{axis}"
+                for family, axes in self.domains.items() for axis in axes}
+
+    def param_name(self, family: str, axis: str) -> str:
+        return self._names[(family, axis)]
+
+    def suggest(self, trial) -> Config:
+        """Ask the trial for a family and then its axes; the resulting Config may still be invalid."""
+        family = trial.suggest_categorical(FAMILY_PARAM, list(self.families))
+        values = {axis: trial.suggest_categorical(self.param_name(family, axis), list(domain))
+                  for axis, domain in self.domains[family].items()}
+        return Config.make(family, **values)
+
+    def params(self, config: Config) -> dict[str, Any]:
+        """The trial params that make `suggest` return `config` (for study.enqueue_trial)."""
+        if config.family not in self.domains:
+            raise ValueError(f"config {config.key}: family {config.family!r} is not searched here "
+                             f"(families: {list(self.families)})")
+        out: dict[str, Any] = {FAMILY_PARAM: config.family}
+        for axis, value in config.values:
+            if value not in self.domains[config.family][axis]:
+                raise ValueError(f"config {config.key}: {axis}={value!r} is outside the searched domain "
+                                 f"{list(self.domains[config.family][axis])} (no valid config uses it)")
+            out[self.param_name(config.family, axis)] = value
+        return out
+
+    def config_of(self, params: Mapping[str, Any]) -> Config | None:
+        """The Config of a finished trial's params (None when they do not name one of ours)."""
+        family = params.get(FAMILY_PARAM)
+        if family not in self.domains:
+            return None
+        try:
+            return Config.make(family, **{a: params[self.param_name(family, a)] for a in self.domains[family]})
+        except (KeyError, ValueError):
+            return None
+
+    @property
+    def size(self) -> int:
+        """Points in the sampled product (valid or not)."""
+        import math
+
+        return sum(math.prod(len(d) for d in axes.values()) for axes in self.domains.values())
+
+
+def set_constraint_supported() -> bool:
+    """Optuna ≥ 5 reads per-trial constraints set with Trial.set_constraint; older ones need constraints_func."""
+    import optuna
+
+    return hasattr(optuna.trial.Trial, "set_constraint")
+
+
+def constraints_from_user_attr(trial) -> Sequence[float]:
+    """constraints_func for Optuna < 5: the `constraint` user attr the search writes on every finished trial."""
+    return tuple(trial.user_attrs.get("constraint", (0.0,)))
+
+
+def make_sampler(name: str, seed: int | None):
+    """A fresh sampler; `seed` makes runs repeatable. Errors name --sampler."""
+    import optuna
+
+    constraints: dict[str, Callable] = {}
+    if not set_constraint_supported():
+        constraints = {"constraints_func": constraints_from_user_attr}
+    with warnings.catch_warnings():
+        # multivariate/group are marked experimental; they are the right tools for a conditional space
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if name == "tpe":
+            # constant_liar: batches are asked before earlier ones are told, so running trials count as bad
+            # guesses instead of being proposed again by every ask of the batch.
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
+                                              **constraints)
+        if name == "gp":
+            try:
+                sampler_cls = optuna.samplers.GPSampler
+                sampler = sampler_cls(seed=seed, warn_independent_sampling=False, **constraints)
+                import optuna._gp.gp  # noqa: F401  (its torch/scipy needs fail here, not at the first ask)
+            except (ImportError, AttributeError) as e:
+                raise ValueError(f"--sampler gp: Optuna's GPSampler is unavailable here ({e}); it needs torch and "
+                                 "scipy (`pip install torch scipy`), or pick --sampler tpe") from None
+            return sampler
+        if name == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        if name == "brute":
+            return optuna.samplers.BruteForceSampler(seed=seed)
+    raise ValueError(f"--sampler: expected one of {list(SAMPLERS)}, got {name!r}")
+
+
+__all__ = ["FAMILY_PARAM", "SAMPLERS", "SearchSpace", "constraints_from_user_attr", "make_sampler",
+           "set_constraint_supported"]

@@ -1,0 +1,75 @@
+"""Where studies and the best-per-shape table live: one SQLAlchemy URL, resolved the same way everywhere.
+
+Resolution order, first hit wins:
+  1. the explicit value (`--storage URL` on the command line, `storage=` in Python);
+  2. the environment variable `AUTOTUNE_STORAGE`;
+  3. `sqlite:///<root>/studies/autotune.db`, where <root> is the autotune source checkout this package runs
+     from (an editable install: the directory holding `studies/` next to `autotune/`), else the current
+     working directory.
+
+The search, `autotune best/export/import` and the runtime all call `resolve_storage_url`, so a tuned table
+written by one is found by the others without extra flags.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV_VAR = "AUTOTUNE_STORAGE"
+DB_NAME = "autotune.db"
+
+
+def default_root() -> Path:
+    """The checkout's root when running from source (its studies/ is where tuned tables ship), else the cwd."""
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "studies").is_dir() and (checkout / "autotune").is_dir():
+        return checkout
+    return Path.cwd()
+
+
+def default_storage_url() -> str:
+    return f"sqlite:///{default_root() / 'studies' / DB_NAME}"
+
+
+def resolve_storage_url(explicit: str | None = None) -> str:
+    """The storage URL to use; see the module docstring for the order."""
+    for candidate, origin in ((explicit, "--storage"), (os.environ.get(ENV_VAR), f"${ENV_VAR}")):
+        if candidate is None:
+            continue
+        candidate = candidate.strip()
+        if not candidate:
+            raise ValueError(f"{origin}: expected an SQLAlchemy URL such as sqlite:///studies/autotune.db, got ''")
+        return candidate
+    return default_storage_url()
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The database file of an SQLite URL (None for in-memory databases and other dialects)."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if not parsed.get_backend_name() == "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(parsed.database)
+
+
+def prepare(url: str) -> str:
+    """Create the directory an SQLite file will live in (SQLite creates the file, not its directory)."""
+    path = sqlite_path(url)
+    if path is not None:
+        path.expanduser().parent.mkdir(parents=True, exist_ok=True)
+    return url
+
+
+def describe(url: str) -> str:
+    """The URL as safe to print: passwords hidden; SQLite files as their absolute path."""
+    from sqlalchemy.engine import make_url
+
+    path = sqlite_path(url)
+    if path is not None:
+        return f"{make_url(url).render_as_string(hide_password=True)} ({path.expanduser().resolve()})"
+    return make_url(url).render_as_string(hide_password=True)
+
+
+__all__ = ["ENV_VAR", "default_root", "default_storage_url", "describe", "prepare", "resolve_storage_url",
+           "sqlite_path"]

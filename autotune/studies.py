@@ -1,0 +1,168 @@
+"""The Optuna study of one search: its name, its attributes, and what its finished trials already tell us.
+
+A study belongs to one shape on one GPU (its default name says which, e.g. `h200-b4-h16-n4096-d128-fp16-full`).
+Running the same command again loads it (`load_if_exists=True`) and continues toward the requested number of
+evaluated trials; `StudyMemory` is how the search avoids repeating work: a config already judged in the study
+is not built or run again, and a cubin already timed (same bytes, same launch geometry) is not timed again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+
+import space
+from space import Arch, Config, Shape
+
+from . import trial as trial_mod
+from .trial import Outcome
+
+STUDY_ATTRS = ("shape", "arch", "gpu_name", "kernel_source_hash", "nvcc_version")
+
+
+class StudyMismatchError(ValueError):
+    """An existing study of that name was made for another shape or arch."""
+
+
+def gpu_slug(gpu_name: str) -> str:
+    """'NVIDIA H200' → 'h200'; 'NVIDIA GeForce RTX 4090' → 'geforce-rtx-4090'."""
+    words = [w for w in re.split(r"[^a-z0-9]+", gpu_name.lower()) if w and w != "nvidia"]
+    return "-".join(words) or "gpu"
+
+
+def default_study_name(gpu_name: str, shape: Shape, families: tuple[str, ...] | None = None) -> str:
+    """GPU + shape key; a --family restriction gets its own study (its `family` parameter has other choices)."""
+    name = f"{gpu_slug(gpu_name)}-{shape.key}"
+    return f"{name}-{'+'.join(families)}" if families else name
+
+
+def open_study(name: str, storage, sampler, shape: Shape, arch: Arch, gpu_name: str, provenance: dict,
+               log=print):
+    """Create or load the study; refuse one made for another shape or arch; record the study attrs."""
+    import optuna
+
+    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler, direction="maximize",
+                                load_if_exists=True)
+    attrs = study.user_attrs
+    shape_attr = dataclasses.asdict(shape)
+    if "shape" in attrs and attrs["shape"] != shape_attr:
+        raise StudyMismatchError(f"--study {name}: this study was made for shape {attrs['shape']}, not {shape_attr}; "
+                                 "pick another --study name (or leave it out for the default)")
+    if "arch" in attrs and attrs["arch"] != arch.name:
+        raise StudyMismatchError(f"--study {name}: this study was made for {attrs['arch']}, not {arch.name}")
+    old_hash = attrs.get("kernel_source_hash")
+    if old_hash and old_hash != provenance.get("kernel_source_hash"):
+        log(f"note: the kernel sources changed since this study's earlier trials ({old_hash[:12]} → "
+            f"{provenance.get('kernel_source_hash', '?')[:12]}); old results stay as they are, and the final "
+            "re-timing measures the current kernel")
+    for key, value in {"shape": shape_attr, "arch": arch.name, "gpu_name": gpu_name, **provenance}.items():
+        if attrs.get(key) != value:
+            study.set_user_attr(key, value)
+    return study
+
+
+def fail_stale_running(study, log=print) -> int:
+    """Trials left RUNNING by an earlier run that died (kill -9, power) are finished as FAIL so they stop
+    counting as in-flight guesses. One search process per study is assumed (the default name makes that easy)."""
+    from optuna.trial import TrialState
+
+    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for t in stale:
+        trial_mod.abandon(study, t.number, "interrupted: left running by an earlier search run")
+    if stale:
+        log(f"note: {len(stale)} trial(s) left running by an earlier run were marked failed")
+    return len(stale)
+
+
+@dataclass
+class Judged:
+    number: int
+    outcome: Outcome
+
+
+@dataclass
+class StudyMemory:
+    """What finished trials already know, keyed by config and by (cubin, launch geometry)."""
+
+    by_config: dict[str, Judged] = field(default_factory=dict)
+    by_cubin: dict[tuple, Judged] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, study, problem) -> "StudyMemory":
+        from optuna.trial import TrialState
+
+        memory = cls()
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+            outcome = trial_mod.from_trial(t)
+            if outcome is None or outcome.status == "invalid":
+                continue
+            if trial_mod.DUPLICATE_OF in t.user_attrs or trial_mod.SAME_CUBIN_AS in t.user_attrs:
+                continue  # the original is (or will be) remembered under its own number
+            try:
+                config = Config.from_key(outcome.attrs["config_key"])
+            except (KeyError, ValueError):
+                continue  # the space changed since: that config no longer exists
+            memory.remember(t.number, config, problem, outcome)
+        return memory
+
+    def remember(self, number: int, config: Config, problem, outcome: Outcome) -> None:
+        judged = Judged(number, outcome)
+        self.by_config.setdefault(config.key, judged)
+        key = cubin_key(outcome.attrs.get("cubin_hash"), config, problem)
+        if key and outcome.status in ("complete", "wrong", "crashed", "timeout"):  # i.e. it was run
+            self.by_cubin.setdefault(key, judged)
+
+    @property
+    def evaluated(self) -> int:
+        """Distinct configs built in this study (every status but invalid): what --trials counts."""
+        return len(self.by_config)
+
+
+def cubin_key(cubin_hash: str | None, config: Config, problem) -> tuple | None:
+    """Identical bytes launched with identical geometry measure the same: time them once."""
+    if not cubin_hash:
+        return None
+    lay = space.layout(config, problem)
+    return cubin_hash, lay.threads, lay.smem_static, lay.smem_dynamic, lay.rows_per_block
+
+
+def status_counts(study) -> Counter:
+    """Finished trials by status. Repeats of a config already judged count as `repeated` (they ran nothing);
+    trials abandoned before being judged (interrupt, --timeout) as `cancelled`."""
+    counts: Counter = Counter()
+    for t in study.get_trials(deepcopy=False):
+        if not t.state.is_finished():
+            continue
+        if trial_mod.DUPLICATE_OF in t.user_attrs:
+            counts["repeated"] += 1
+        else:
+            counts[t.user_attrs.get("status") or ("cancelled" if t.state.name == "FAIL" else t.state.name.lower())] += 1
+    return counts
+
+
+def top_trials(study, n: int) -> list:
+    """The n best COMPLETE trials with distinct configs (originals, not reuses), best first."""
+    from optuna.trial import TrialState
+
+    best: dict[str, object] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        key = t.user_attrs.get("config_key")
+        if key is None or t.value is None:
+            continue
+        if key not in best or t.value > best[key].value:
+            best[key] = t
+    return sorted(best.values(), key=lambda t: -t.value)[:n]
+
+
+def quiet_optuna() -> None:
+    """Optuna logs every trial at INFO; the search prints its own one-line progress instead."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+__all__ = ["STUDY_ATTRS", "StudyMemory", "StudyMismatchError", "cubin_key", "default_study_name", "fail_stale_running",
+           "gpu_slug", "open_study", "quiet_optuna", "status_counts", "top_trials"]

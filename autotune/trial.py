@@ -1,0 +1,226 @@
+"""One trial's verdict: violations, build and evaluation → status, user attrs, Optuna state, constraint; and tell.
+
+The state machine (docs/CONTRACTS.md names the statuses):
+
+    config ──violations──▶ invalid                     (never built)
+       │
+     build ──failed──────▶ compile_error
+       │   ──spills, under the spill policy──▶ spilled  (never run)
+       │
+    evaluate ──▶ complete (value = TFLOPS) | wrong | crashed | timeout
+
+Only `complete` becomes a COMPLETE trial. Every other status becomes a PRUNED trial (TPE learns from pruned
+trials; a FAIL trial is invisible to it) with `status`/`reason` user attrs and a positive constraint value,
+so samplers that model feasibility (TPE, GP) learn where failures live. Constraints are set with
+`Trial.set_constraint` on Optuna ≥ 5 and, for older ones, read back by `sampling.constraints_from_user_attr`
+from the `constraint` user attr, which is written either way.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+import space
+from space import Arch, Config, Problem
+
+from .occupancy import blocks_per_sm
+from .sampling import set_constraint_supported
+
+STATUSES = ("complete", "invalid", "spilled", "compile_error", "wrong", "crashed", "timeout")
+USER_ATTRS = ("config_key", "status", "reason", "registers", "spill_stores", "spill_loads", "stack_bytes",
+              "smem_bytes", "threads", "blocks_per_sm", "time_ms", "time_spread_ms", "tflops", "max_error",
+              "cubin_hash", "compile_seconds")
+CONSTRAINT_ATTR = "constraint"
+CONSTRAINT_NAME = "feasible"
+# Extra user attrs on trials that reuse an earlier trial's result instead of running again.
+DUPLICATE_OF = "duplicate_of"     # same config as that trial
+SAME_CUBIN_AS = "same_cubin_as"   # different config, identical cubin and launch geometry
+# How far from feasible each failure is (positive = infeasible). When few trials succeed, TPE's "good" group
+# is filled from the least infeasible: a spilling kernel is nearer to a good one than a config that crashed.
+SEVERITY = {"complete": 0.0, "spilled": 1.0, "wrong": 2.0, "compile_error": 3.0, "crashed": 4.0, "timeout": 4.0,
+            "invalid": 5.0}
+
+
+@dataclass(frozen=True)
+class SpillPolicy:
+    """What to do with a build that spills registers: `prune` (default), `allow`, or `max-bytes=N` (prune
+    when spill stores + spill loads exceed N bytes per thread)."""
+
+    mode: str = "prune"
+    max_bytes: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> "SpillPolicy":
+        text = text.strip().lower()
+        if text in ("prune", "allow"):
+            return cls(text)
+        m = re.fullmatch(r"max-bytes=(\d+)", text)
+        if m:
+            return cls("max-bytes", int(m.group(1)))
+        raise ValueError(f"--spill-policy: expected prune, allow or max-bytes=N (N ≥ 0), got {text!r}")
+
+    def prunes(self, report) -> str | None:
+        """The reason a build with this ptxas report is pruned, or None to evaluate it."""
+        if report is None or self.mode == "allow":
+            return None
+        spilled = report.spill_stores + report.spill_loads
+        if self.mode == "prune" and report.spilled:
+            return (f"spills registers ({report.spill_stores} B stores, {report.spill_loads} B loads, "
+                    f"{report.registers} registers) under --spill-policy prune")
+        if self.mode == "max-bytes" and spilled > self.max_bytes:
+            return f"spills {spilled} B (stores + loads) > {self.max_bytes} B allowed by --spill-policy {self}"
+        return None
+
+    def __str__(self) -> str:
+        return f"max-bytes={self.max_bytes}" if self.mode == "max-bytes" else self.mode
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str
+    reason: str
+    attrs: Mapping[str, Any] = field(default_factory=dict)  # every USER_ATTRS key; None where unknown
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"status: expected one of {STATUSES}, got {self.status!r}")
+
+    @property
+    def value(self) -> float | None:
+        return self.attrs.get("tflops") if self.status == "complete" else None
+
+    @property
+    def constraint(self) -> float:
+        return SEVERITY[self.status]
+
+
+def config_attrs(config: Config, problem: Problem) -> dict[str, Any]:
+    """The attrs known before building: the config key and its launch geometry."""
+    attrs: dict[str, Any] = dict.fromkeys(USER_ATTRS)
+    attrs["config_key"] = config.key
+    try:
+        lay = space.layout(config, problem)
+        attrs["threads"], attrs["smem_bytes"] = lay.threads, lay.smem_total
+    except Exception:  # a layout that cannot even be derived is reported by the rules, not here
+        pass
+    return attrs
+
+
+def _outcome(status: str, reason: str, attrs: dict) -> Outcome:
+    attrs.update(status=status, reason=reason)
+    return Outcome(status, reason, attrs)
+
+
+def invalid(config: Config, problem: Problem, violations) -> Outcome:
+    # Rule names only: the messages are a pure function of the config (space.violations recomputes them).
+    return _outcome("invalid", ", ".join(v.rule for v in violations), config_attrs(config, problem))
+
+
+def build_attrs(build) -> dict[str, Any]:
+    attrs = config_attrs(build.config, build.problem)
+    attrs["cubin_hash"] = build.cubin_hash
+    r = build.report
+    if r is not None:
+        attrs.update(registers=r.registers, spill_stores=r.spill_stores, spill_loads=r.spill_loads,
+                     stack_bytes=r.stack_bytes, compile_seconds=r.compile_seconds)
+        # ptxas knows the static smem the code really declares; the layout knows the dynamic part.
+        lay = space.layout(build.config, build.problem)
+        attrs["smem_bytes"] = max(r.smem_static, lay.smem_static) + lay.smem_dynamic
+        attrs["blocks_per_sm"] = blocks_per_sm(build.arch, lay.threads, r.registers, attrs["smem_bytes"])
+    return attrs
+
+
+def after_build(build, policy: SpillPolicy) -> Outcome | None:
+    """The verdict a build alone decides (compile error, pruned spill), or None: go and evaluate it."""
+    if getattr(build, "rejected_by", ()):  # the Builder's own rule check; the search checks first
+        return _outcome("invalid", ", ".join(build.rejected_by), config_attrs(build.config, build.problem))
+    attrs = build_attrs(build)
+    if not build.ok:
+        return _outcome("compile_error", (build.error or "compile failed")[:2000], attrs)
+    pruned = policy.prunes(build.report)
+    if pruned:
+        return _outcome("spilled", pruned, attrs)
+    return None
+
+
+def after_eval(build, ev) -> Outcome:
+    """ev is a worker.EvalOutcome."""
+    attrs = build_attrs(build)
+    attrs.update(time_ms=ev.time_ms, time_spread_ms=ev.spread_ms, max_error=ev.max_error)
+    if ev.blocks_per_sm is not None:
+        attrs["blocks_per_sm"] = ev.blocks_per_sm  # the driver's figure beats our estimate
+    if ev.status == "complete":
+        attrs["tflops"] = ev.tflops
+        return _outcome("complete", ev.reason, attrs)
+    return _outcome(ev.status, ev.reason or ev.status, attrs)
+
+
+def reused(earlier: Outcome, marker: str, trial_number: int, config: Config, problem: Problem) -> Outcome:
+    """This trial's outcome is an earlier trial's (same config, or same cubin): copy it, say so."""
+    attrs = dict(earlier.attrs)
+    fresh = config_attrs(config, problem)
+    attrs.update(config_key=fresh["config_key"], threads=fresh["threads"])
+    attrs[marker] = trial_number
+    return replace(earlier, attrs=attrs)
+
+
+def from_trial(trial) -> Outcome | None:
+    """The outcome a finished trial recorded (None for trials this module did not tell)."""
+    attrs = trial.user_attrs
+    status = attrs.get("status")
+    if status not in STATUSES:
+        return None
+    if status == "complete" and not _finite(attrs.get("tflops")):
+        return None
+    keep = {k: v for k, v in attrs.items() if k != CONSTRAINT_ATTR and k not in (DUPLICATE_OF, SAME_CUBIN_AS)}
+    return Outcome(status, attrs.get("reason") or "", keep)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def tell(study, trial, outcome: Outcome) -> bool:
+    """Record the outcome on the trial (user attrs, constraint) and finish it in the study.
+
+    Returns True when the sampler says the space is exhausted: BruteForceSampler calls study.stop() from
+    after_trial, which outside optimize() raises — after the trial's state has been stored.
+    """
+    from optuna.trial import TrialState
+
+    for key, value in outcome.attrs.items():
+        if value is not None:  # unknown figures are left out (readers use .get): each attr is one DB commit
+            trial.set_user_attr(key, value)
+    trial.set_user_attr(CONSTRAINT_ATTR, [outcome.constraint])
+    if set_constraint_supported():
+        trial.set_constraint(CONSTRAINT_NAME, outcome.constraint)
+    try:
+        if outcome.status == "complete":
+            study.tell(trial, outcome.value)
+        else:
+            study.tell(trial, state=TrialState.PRUNED)
+    except RuntimeError as e:
+        if "Study.stop" not in str(e):
+            raise
+        return True
+    return False
+
+
+def abandon(study, trial, reason: str) -> None:  # trial: optuna Trial or trial number
+    """Finish a trial that was asked but never judged (interrupt, --timeout): FAIL, so no sampler learns
+    from it and a later run does not count it; its config may be proposed again."""
+    from optuna.trial import TrialState
+
+    try:
+        if hasattr(trial, "set_user_attr"):  # a Trial from ask(); stale ones from storage come as numbers
+            trial.set_user_attr("reason", reason)
+        study.tell(trial, state=TrialState.FAIL)
+    except Exception:  # already finished, or the storage is gone while shutting down: nothing left to save
+        pass
+
+
+__all__ = ["CONSTRAINT_ATTR", "DUPLICATE_OF", "Outcome", "SAME_CUBIN_AS", "STATUSES", "SpillPolicy", "USER_ATTRS",
+           "abandon", "after_build", "after_eval", "build_attrs", "config_attrs", "from_trial", "invalid",
+           "reused", "tell"]

@@ -1,0 +1,91 @@
+"""A test double for autotune.measure, used as `--evaluator search_doubles:evaluate`; it runs in the worker's
+child process like the real one.
+
+Deterministic fake speed from the config; it checks that the cubin it was handed really exists (the build layer
+is real in these tests). Behaviour per config comes from a JSON plan named by $AUTOTUNE_DOUBLE_PLAN:
+{"<config key>": "crash" | "hang" | "wrong" | "raise" | "crash_once"}. Every call is appended to the file named
+by $AUTOTUNE_DOUBLE_LOG (one JSON line: pid, call, config key, cubin hash), so tests can see what ran where.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+GPU_NAME = "Test Double GPU"
+
+
+def _log(call: str, **fields) -> None:
+    path = os.environ.get("AUTOTUNE_DOUBLE_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"pid": os.getpid(), "call": call, **fields}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())  # the next line may be os._exit
+
+
+def _plan() -> dict:
+    path = os.environ.get("AUTOTUNE_DOUBLE_PLAN")
+    return json.loads(Path(path).read_text()) if path else {}
+
+
+def fake_tflops(config) -> float:
+    """Any deterministic function of the config will do; this one has a clear optimum per axis."""
+    d = config.as_dict()
+    score = 100.0 + d.get("br", 64) / 4 + d.get("bc", 64) / 2 + 5 * d.get("warps_m", 1)
+    score += 20 if d.get("p_path") == "regs" else 0
+    score += 3 * d.get("loader_warps", 0) - 4 * d.get("min_blocks", 1)
+    score += {"shared": 0, "separate": 6, "double": 9}.get(d.get("kv_buffering"), 0)
+    score += 2 if d.get("q_in_regs") else 0
+    return score
+
+
+def evaluate(build, shape):
+    from autotune.measure import Evaluation
+
+    key = build.config.key
+    _log("evaluate", config_key=key, cubin_hash=build.cubin_hash)
+    if build.cubin_path is None or not Path(build.cubin_path).is_file():
+        return Evaluation("wrong", key, shape.key, reason=f"double: no cubin at {build.cubin_path}")
+    action = _plan().get(key)
+    if action == "crash" or (action == "crash_once" and not _crashed_before(key)):
+        os._exit(139)  # what a segfaulting kernel looks like from the parent
+    if action == "hang":
+        time.sleep(3600)
+    if action == "raise":
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (double)")
+    if action == "wrong":
+        return Evaluation("wrong", key, shape.key, reason="double: max error 1.5 > tolerance 0.002", max_error=1.5)
+    tflops = fake_tflops(build.config)
+    ms = shape.flops / (tflops * 1e12) * 1e3
+    return Evaluation("complete", key, shape.key, max_error=1e-3, median_ms=ms, p20_ms=ms * 0.99,
+                      p80_ms=ms * 1.01, min_ms=ms * 0.98, n_reps=100, tflops=tflops, blocks_per_sm=1)
+
+
+def _crashed_before(key: str) -> bool:
+    path = os.environ.get("AUTOTUNE_DOUBLE_LOG")
+    if not path or not Path(path).is_file():
+        return False
+    lines = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+    return sum(1 for x in lines if x.get("config_key") == key and x["call"] == "evaluate") > 1
+
+
+def sdpa_baselines(shape):
+    from autotune.timing import Timing
+
+    _log("baselines")
+    out = {}
+    for name, tflops in (("flash", 150.0), ("cudnn", 200.0), ("efficient", 90.0)):
+        ms = shape.flops / (tflops * 1e12) * 1e3
+        out[name] = Timing(ms, ms * 0.99, ms * 1.01, ms * 0.98, 50)
+    return out
+
+
+def device_info():
+    _log("device_info")
+    return {"gpu_name": GPU_NAME, "arch": os.environ.get("AUTOTUNE_DOUBLE_ARCH", "sm_80")}
+
+
+def warmup():
+    _log("warmup")
