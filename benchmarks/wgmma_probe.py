@@ -371,9 +371,9 @@ def baselines() -> dict:
 
     out = {}
     for label, d, dt, causal, b, h, n in TIMING:
-        q, k, v = timing_inputs(d, dt, b, h, n)
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
             try:
+                q, k, v = timing_inputs(d, dt, b, h, n)
                 with sdpa_kernel(backend):
                     sec = time_fn(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
                 out[f"{label}|{name}"] = tflops(b, h, n, d, causal, sec)
@@ -400,6 +400,7 @@ def run_worker(args: list[str], out: Out, on_line, timeout_s: float, deadline: f
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     last = time.time()
+    last_text = [""]  # the worker's last non-JSON line (a traceback's last line says why it died)
     while True:
         if sel.select(timeout=1.0):
             line = proc.stdout.readline()
@@ -408,14 +409,21 @@ def run_worker(args: list[str], out: Out, on_line, timeout_s: float, deadline: f
             last = time.time()
             line = line.rstrip("\n")
             try:
-                on_line(json.loads(line))
+                msg = json.loads(line)
             except json.JSONDecodeError:
                 out.note("worker: " + line)
+                if line.strip():
+                    last_text[0] = line.strip()
+                continue
+            on_line(msg)
         if time.time() - last > timeout_s or time.time() > deadline:
             proc.kill()
             proc.wait()
             return "timeout"
-    return proc.wait()
+    rc = proc.wait()
+    if rc and last_text[0]:
+        out.say(f"    worker exit {rc}: {last_text[0][:200]}")
+    return rc
 
 
 def main() -> int:

@@ -65,7 +65,7 @@ static_assert(kHeadDim % kSwizzleCols == 0, "head_dim_chunks: head_dim must be a
 static_assert(kBc % 16 == 0 && kBc >= 16 && kBc <= 256,
               "bc_multiple_of_16: Bc must be a multiple of 16 in [16, 256] (k16 steps of P·V, wgmma N, TMA box)");
 static_assert(kConsumerWGs >= 1 && kConsumerWGs <= 3, "consumer_wgs_range: 1 to 3 consumer warpgroups");
-static_assert(kStages >= 1, "stages_positive: at least one K/V slot");
+static_assert(kStages >= 2, "stages_at_least_two: the overlapped loop holds two K/V slots at once");
 static_assert(!kPingPong || kConsumerWGs == 2, "pingpong_needs_two_consumers: ping-pong alternates two warpgroups");
 static_assert(!kPingPong || kOverlap,
               "pingpong_needs_overlap: a ping-pong turn is the S(n) + P(n-1)·V(n-1) issue of the overlapped loop");
