@@ -1,0 +1,178 @@
+"""The loader's driver-API plumbing, against a fake cuda-python driver (the real launch is covered by the GPU tests).
+
+The fake records every call the way the real bindings take it, and its cuLaunchKernel reads the kernelParams
+void** array back out of memory, so the test sees exactly the bytes the driver would copy to the GPU.
+"""
+from __future__ import annotations
+
+import ctypes
+import enum
+import pickle
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import space  # noqa: E402
+from autotune import loader  # noqa: E402
+from autotune.launch_params import FlashFwdParams, InputShape  # noqa: E402
+
+
+class CUresult(enum.IntEnum):
+    CUDA_SUCCESS = 0
+    CUDA_ERROR_NOT_FOUND = 500
+
+
+class Handle:
+    def __init__(self, value: int):
+        self.value = value
+
+    def __int__(self):
+        return self.value
+
+
+class FakeDriver:
+    CUresult = CUresult
+
+    class CUfunction_attribute:
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+        CU_FUNC_ATTRIBUTE_NUM_REGS = 4
+
+    def __init__(self):
+        self.calls = []
+        self.current = Handle(0)
+        self.fail = set()
+        self.launches = []
+
+    def _ok(self, name, *values):
+        self.calls.append(name)
+        if name in self.fail:
+            return (CUresult.CUDA_ERROR_NOT_FOUND,) + (None,) * len(values)
+        return (CUresult.CUDA_SUCCESS, *values)
+
+    def cuInit(self, flags):
+        return self._ok("cuInit")
+
+    def cuDeviceGet(self, ordinal):
+        return self._ok("cuDeviceGet", ordinal)
+
+    def cuDevicePrimaryCtxRetain(self, dev):
+        return self._ok("cuDevicePrimaryCtxRetain", Handle(0x1000 + dev))
+
+    def cuCtxGetCurrent(self):
+        return self._ok("cuCtxGetCurrent", self.current)
+
+    def cuCtxSetCurrent(self, ctx):
+        self.current = ctx
+        return self._ok("cuCtxSetCurrent")
+
+    def cuModuleLoadData(self, image):
+        assert isinstance(image, int) and ctypes.string_at(image, 4) == b"\x7fELF"
+        return self._ok("cuModuleLoadData", Handle(0x2000))
+
+    def cuModuleGetFunction(self, module, name):
+        assert isinstance(name, bytes)
+        return self._ok("cuModuleGetFunction", ("function", name.decode()))
+
+    def cuFuncSetAttribute(self, function, attr, value):
+        self.calls.append(("cuFuncSetAttribute", attr, value))
+        return (CUresult.CUDA_SUCCESS,)
+
+    def CUstream(self, handle):
+        return Handle(handle)
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        pointers = (ctypes.c_void_p * 2).from_address(params)
+        struct = FlashFwdParams.from_buffer_copy(ctypes.string_at(pointers[0], ctypes.sizeof(FlashFwdParams)))
+        self.launches.append(dict(f=f, grid=(gx, gy, gz), block=(bx, by, bz), smem=smem, stream=int(stream),
+                                  params=struct, extra=pointers[1], current=int(self.current)))
+        return self._ok("cuLaunchKernel")
+
+    def cuGetErrorName(self, err):
+        return CUresult.CUDA_SUCCESS, CUresult(err).name.encode()
+
+    def cuGetErrorString(self, err):
+        return CUresult.CUDA_SUCCESS, b"named symbol not found"
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    drv = FakeDriver()
+    monkeypatch.setattr(loader, "driver", lambda: drv)
+    monkeypatch.setattr(loader, "_primary", {})
+    monkeypatch.setattr(loader, "_kernels", {})
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    return drv
+
+
+class _Stream:  # torch.cuda.Stream as the loader sees it
+    cuda_stream = 0xBEEF
+
+
+CUBIN = b"\x7fELF" + bytes(60)
+
+
+def test_load_makes_the_primary_context_current_and_caches_the_module(fake):
+    k = loader.load_kernel(CUBIN, "flash_fwd_mma_sync", max_dynamic_smem=100_000)
+    assert int(fake.current) == 0x1000  # the retained primary context of device 0
+    assert fake.calls[:5] == ["cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxGetCurrent",
+                              "cuCtxSetCurrent"]
+    assert ("cuFuncSetAttribute", 8, 100_000) in fake.calls and k.max_dynamic_smem == 100_000
+    assert k.function == ("function", "flash_fwd_mma_sync")
+    assert loader.load_kernel(CUBIN, "flash_fwd_mma_sync") is k  # same bytes: same module, no second load
+    assert fake.calls.count("cuModuleLoadData") == 1
+    loader.load_kernel(CUBIN + b"\0", "flash_fwd_mma_sync")
+    assert fake.calls.count("cuModuleLoadData") == 2
+
+
+def test_launch_passes_a_pointer_array_to_the_struct_and_extras(fake):
+    k = loader.load_kernel(CUBIN, "flash_fwd_mma_sync")
+    params = FlashFwdParams(batch=3, heads=5, kv_heads=1, seqlen_q=77, seqlen_k=99, scale_log2=0.25, q_row_stride=640)
+    extra = ctypes.c_int(42)
+    fake.current = Handle(0)  # e.g. another thread: launch must make the context current again
+    k.launch(params, (2, 5, 3), (128, 1, 1), smem_dynamic=70_000, extra_args=(extra,))
+    (launch,) = fake.launches
+    assert launch["grid"] == (2, 5, 3) and launch["block"] == (128, 1, 1) and launch["smem"] == 70_000
+    assert launch["stream"] == 0xBEEF and launch["current"] == 0x1000
+    assert bytes(launch["params"]) == bytes(params)
+    assert ctypes.c_int.from_address(launch["extra"]).value == 42
+    assert ("cuFuncSetAttribute", 8, 70_000) in fake.calls  # raised to what this launch needs
+
+
+def test_every_failure_names_the_call_and_the_error(fake):
+    fake.fail.add("cuModuleGetFunction")
+    with pytest.raises(loader.CudaError, match=r"cuModuleGetFunction\('nope'\) failed: CUDA_ERROR_NOT_FOUND "
+                                                r"\(named symbol not found\)") as info:
+        loader.load_kernel(CUBIN, "nope")
+    assert info.value.code == "CUDA_ERROR_NOT_FOUND"
+    again = pickle.loads(pickle.dumps(info.value))  # crosses the worker boundary intact
+    assert (again.call, again.code, str(again)) == (info.value.call, info.value.code, str(info.value))
+
+
+def test_extra_args_must_be_addressable(fake):
+    k = loader.load_kernel(CUBIN, "flash_fwd_mma_sync")
+    with pytest.raises(TypeError, match="extra_args"):
+        k.launch(FlashFwdParams(), (1, 1, 1), (32, 1, 1), extra_args=(3,))
+
+
+def test_runner_grid_follows_the_layout():
+    problem = space.Problem(128, "fp16", False)
+    config = space.Config.make("mma_sync", br=64, bc=64, warps_m=4, warps_n=1, p_path="regs",
+                               smem_mode="dynamic", kv_buffering="separate", loader_warps=0, min_blocks=1,
+                               q_in_regs=False)
+    runner = loader.KernelRunner.__new__(loader.KernelRunner)
+    runner.layout = space.layout(config, problem)
+    shape = InputShape(batch=3, heads=7, kv_heads=7, seqlen_q=129, seqlen_k=5, head_dim=128, dtype="fp16")
+    assert runner.grid(shape) == (3, 7, 3)  # ceil(129 / 64) row blocks, heads, batch
+    with pytest.raises(ValueError, match="heads exceed"):
+        runner.grid(InputShape(1, 70_000, 1, 1, 1, 128, "fp16"))
+
+
+def test_runner_refuses_a_failed_build():
+    class Failed:
+        ok, error = False, "nvcc: error"
+
+    with pytest.raises(ValueError, match="build: expected a successful build.*nvcc: error"):
+        loader.KernelRunner(Failed())
