@@ -29,7 +29,7 @@ import torch
 
 from space import HEAD_DIMS, Shape
 
-from . import runtime, storage_url
+from . import runtime
 from .launch_params import ALIGN_BYTES, FlashFwdParams, InputShape, dtype_name, validate_inputs
 
 OP_NAME = "autotune::flash_attention_fwd"
@@ -151,7 +151,7 @@ def _new_launcher(q, k, v, causal: bool, scale, return_lse: bool, url: str) -> _
 
 def forward(q, k, v, causal: bool, scale: Optional[float], return_lse: bool):
     """Run the kernel: (out, lse or None). No dispatcher, no flag checks: callers check flags first."""
-    url = storage_url.resolve_storage_url(None)  # cheap (an env read), and an env change takes effect
+    url = runtime.storage_key()  # an env read when warm; an env change takes effect
     key = _memo_key(q, k, v, causal, scale, return_lse, url)
     launcher = _launchers.get(key)
     if launcher is None:

@@ -29,6 +29,7 @@ This module imports no torch at import time; only `resolve()` (which loads kerne
 from __future__ import annotations
 
 import math
+import os
 import sys
 import threading
 import warnings
@@ -62,13 +63,28 @@ _plans: dict[tuple, "Plan"] = {}
 _builders: dict[str, Any] = {}
 _devices: dict[int, tuple[str, Arch]] = {}
 _default_tables: list[Path | None] = []
+_default_urls: dict[str | None, str] = {}
 
 
 def clear_caches() -> None:
     """Forget every cached row, selection, build and device: the next call looks everything up again."""
     with _lock:
-        for cache in (_shipped, _storage_rows, _selections, _plans, _builders, _devices, _default_tables):
+        for cache in (_shipped, _storage_rows, _selections, _plans, _builders, _devices, _default_tables,
+                      _default_urls):
             cache.clear()
+
+
+def storage_key(storage: str | None = None) -> str:
+    """storage_url.resolve_storage_url(storage), without its disk work on repeat calls: the default URL (which
+    looks for the checkout on disk) is computed once per value of $AUTOTUNE_STORAGE, so a warm call costs one
+    environment read and an environment change still takes effect."""
+    if storage is not None:
+        return storage_url.resolve_storage_url(storage)
+    env = os.environ.get(storage_url.ENV_VAR)
+    url = _default_urls.get(env)
+    if url is None:
+        url = _default_urls[env] = storage_url.resolve_storage_url(None)
+    return url
 
 
 # ---- where rows come from -----------------------------------------------------------------------------------
@@ -231,12 +247,28 @@ def _same_key(c: Candidate, shape: Shape) -> bool:
 
 
 class _Checker:
-    """Parses and validates candidate configs for one (problem, arch), warning once per skipped row."""
+    """Decides whether a tuned row can be used for one (problem, arch), noting and warning once per skipped row."""
 
     def __init__(self, problem: Problem, arch: Arch):
         self.problem, self.arch = problem, arch
         self.notes: list[str] = []
         self._verdicts: dict[tuple, Config | None] = {}
+
+    def reject(self, c: Candidate, why: str) -> None:
+        e = c.entry
+        note = (f"skipped {c.origin} row (seqlen {e.seqlen}, seqlen_k {e.seqlen_k}, batch {e.batch}, heads "
+                f"{e.heads}, kv_heads {e.kv_heads}) from {c.where}: {why}")
+        self.notes.append(note)
+        warnings.warn(f"autotune: {note}", InvalidRowWarning, stacklevel=5)
+        self._verdicts[(c.origin, c.where, e.key)] = None
+
+    def shape(self, c: Candidate) -> Shape | None:
+        """The row's shape, or None (rejected) when its sizes are not a valid shape (a hand-edited table)."""
+        try:
+            return c.shape
+        except ValueError as e:
+            self.reject(c, f"not a valid shape: {e}")
+            return None
 
     def config(self, c: Candidate) -> Config | None:
         ident = (c.origin, c.where, c.entry.key)
@@ -248,11 +280,8 @@ class _Checker:
         except (ValueError, KeyError) as e:
             config, problems = None, [f"config key {c.entry.config_key!r} not understood: {e}"]
         if problems:
-            note = (f"skipped {c.origin} row {c.shape.key} from {c.where}: {c.entry.config_key} cannot run on "
-                    f"{self.arch.name}: {'; '.join(problems)}")
-            self.notes.append(note)
-            warnings.warn(f"autotune: {note}", InvalidRowWarning, stacklevel=4)
-            config = None
+            self.reject(c, f"{c.entry.config_key} cannot run on {self.arch.name}: {'; '.join(problems)}")
+            return None
         self._verdicts[ident] = config
         return config
 
@@ -271,9 +300,12 @@ def _nearest(candidates, shape: Shape, checker: _Checker) -> tuple[Candidate, Co
     rank = {"storage": 0, "shipped": 1}
     scored = []
     for c in candidates:
-        d = distance(shape, c.shape)
+        other = checker.shape(c)
+        if other is None:
+            continue
+        d = distance(shape, other)
         # Rounding makes float noise unable to break a tie the metric calls a tie.
-        scored.append((round(d / TIE_EPSILON) * TIE_EPSILON, _gqa_gap(shape, c.shape), rank[c.origin],
+        scored.append((round(d / TIE_EPSILON) * TIE_EPSILON, _gqa_gap(shape, other), rank[c.origin],
                        (c.entry.seqlen, c.entry.seqlen_k, c.entry.batch, c.entry.heads, c.entry.kv_heads),
                        -c.entry.tflops, c.where, d, c))
     scored.sort(key=lambda t: t[:6])
@@ -304,7 +336,7 @@ def select_config(shape: Shape, gpu_name: str, arch: Arch | str, storage: str | 
     Memoized per process; see the module docstring for the order and the metric.
     """
     arch = arch if isinstance(arch, Arch) else space.get_arch(arch)
-    url = storage_url.resolve_storage_url(storage)
+    url = storage_key(storage)
     tables = shipped_tables_dir() if tables_dir is True else (Path(tables_dir) if tables_dir else None)
     key = (gpu_name, arch.name, shape, url, tables)
     hit = _selections.get(key)
@@ -390,7 +422,7 @@ def resolve(device: int, shape: Shape, storage: str | None = None) -> Plan:
     """select_config for the device's GPU, then build (or find in the cache) and load the kernel. Memoized by
     (device index, shape, storage URL). A tuned config that fails to build falls back to the heuristic default
     with a warning; if the default fails too, RuntimeError."""
-    url = storage_url.resolve_storage_url(storage)
+    url = storage_key(storage)
     key = (device, shape, url)
     plan = _plans.get(key)
     if plan is not None:

@@ -224,6 +224,17 @@ def test_a_config_key_that_does_not_parse_is_skipped(tmp_path, db):
     assert sel.source == "heuristic"
 
 
+def test_a_row_whose_sizes_are_not_a_shape_is_skipped(tmp_path, db):
+    tables = shipped_dir(tmp_path, entry(shape(n=1024), CFG_A), entry(shape(n=2048), CFG_B))
+    table = tables / "h200.json"
+    doc = json.loads(table.read_text())
+    doc["rows"][1]["kv_heads"] = 3  # does not divide 16 heads
+    table.write_text(json.dumps(doc))
+    with pytest.warns(runtime.InvalidRowWarning, match="not a valid shape"):
+        sel = select(shape(n=3000), db, tables)
+    assert (sel.source, sel.config) == ("nearest", CFG_A)
+
+
 def test_a_malformed_shipped_table_is_skipped_with_a_warning(tmp_path, db):
     tables = shipped_dir(tmp_path, entry(shape(), CFG_B))
     (tables / "broken.json").write_text("{not json")
@@ -284,6 +295,17 @@ def test_a_warm_selection_does_no_db_or_disk_work(tmp_path, db, sql_statements, 
     runtime.clear_caches()  # and the counter does see a cold lookup again
     select(shape(n=1024), db, tables)
     assert sql_statements and reads
+
+
+def test_the_default_storage_url_is_found_once_and_the_environment_still_counts(monkeypatch, db):
+    calls = []
+    real = storage_url.default_storage_url
+    monkeypatch.setattr(storage_url, "default_storage_url", lambda: calls.append(1) or real())
+    assert runtime.storage_key() == runtime.storage_key() == real()
+    assert len(calls) == 1
+    monkeypatch.setenv(storage_url.ENV_VAR, db)
+    assert runtime.storage_key() == db
+    assert runtime.storage_key("sqlite:///x.db") == "sqlite:///x.db"
 
 
 def test_the_memo_is_keyed_by_storage_url(tmp_path):
@@ -355,13 +377,21 @@ def test_warm_calls_reuse_the_prepared_launch_and_only_swap_pointers(monkeypatch
             launches.append((FlashFwdParams.from_buffer_copy(params), grid, block, smem_dynamic))
 
     class FakeRunner:
+        extra_args = ()
+
         def prepare(self, q, k, v, o, lse=None, scale=None):
+            self.prepared = getattr(self, "prepared", 0) + 1
             params = launch_params.make_params(q, k, v, o, lse, scale, require_cuda=False)
-            return loader.Launch(FakeKernel(), params, (1, 8, 2), (128, 1, 1), 4096, (q, k, v, o, lse))
+            launch = loader.Launch(kernel=FakeKernel(), params=params, grid=(1, 8, 2), block=(128, 1, 1),
+                                   smem_dynamic=4096, extra_args=self.extra_args, keepalive=(q, k, v, o, lse))
+            return launch
+
+    runners = []
 
     def fake_resolve(device, shape, url):
         resolved.append(shape)
-        return runtime.Plan(None, FakeRunner(), None)
+        runners.append(FakeRunner())
+        return runtime.Plan(None, runners[-1], None)
 
     check = op.check_inputs
     monkeypatch.setattr(op, "check_inputs", lambda q, k, v, require_cuda=True: check(q, k, v, require_cuda=False))
@@ -372,6 +402,7 @@ def test_warm_calls_reuse_the_prepared_launch_and_only_swap_pointers(monkeypatch
     q, k, v = qkv(h=8, hkv=2)  # new tensors, same layout
     out2, lse2 = op.forward(q, k, v, True, 0.25, True)
     assert len(resolved) == 1 and resolved[0].kv_heads == 2 and resolved[0].causal
+    assert runners[0].prepared == 1  # the loader's full preparation ran once; the warm call reused it
     (p1, *geometry1), (p2, *geometry2) = launches
     assert geometry1 == geometry2 == [(1, 8, 2), (128, 1, 1), 4096]
     assert (p2.q, p2.k, p2.v, p2.o, p2.lse) == (q.data_ptr(), k.data_ptr(), v.data_ptr(), out2.data_ptr(),
@@ -395,6 +426,35 @@ def test_warm_calls_reuse_the_prepared_launch_and_only_swap_pointers(monkeypatch
     assert len(resolved) == 3 and launches[2][0].lse is None
     with pytest.raises(ValueError, match=r"^k: expected the same dtype as q"):
         op.forward(q, k.bfloat16(), v, True, 0.25, True)
+
+
+def test_families_with_extra_kernel_arguments_are_prepared_by_the_loader_every_call(monkeypatch):
+    """Extra arguments (the wgmma family's TMA descriptors) embed the tensors' addresses: no pointer swap."""
+    from autotune import launch_params, loader
+
+    launched = []
+
+    class FakeKernel:
+        def launch(self, params, grid, block, smem_dynamic=0, stream=None, extra_args=()):
+            launched.append((params.q, extra_args))
+
+    class FakeRunner:
+        prepared = 0
+
+        def prepare(self, q, k, v, o, lse=None, scale=None):
+            FakeRunner.prepared += 1
+            params = launch_params.make_params(q, k, v, o, lse, scale, require_cuda=False)
+            return loader.Launch(kernel=FakeKernel(), params=params, grid=(1, 1, 1), block=(384, 1, 1),
+                                 smem_dynamic=0, extra_args=(q.data_ptr(),), keepalive=(q, k, v, o, lse))
+
+    check = op.check_inputs
+    monkeypatch.setattr(op, "check_inputs", lambda q, k, v, require_cuda=True: check(q, k, v, require_cuda=False))
+    monkeypatch.setattr(runtime, "resolve", lambda device, shape, url: runtime.Plan(None, FakeRunner(), None))
+    for _ in range(3):
+        q, k, v = qkv()
+        op.forward(q, k, v, False, None, False)
+        assert launched[-1] == (q.data_ptr(), (q.data_ptr(),))
+    assert FakeRunner.prepared == 1 + 3  # the cold preparation, then one per call
 
 
 # ---- input errors -----------------------------------------------------------------------------------------
