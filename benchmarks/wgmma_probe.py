@@ -49,21 +49,22 @@ TIMING = [  # (label, head_dim, dtype, causal, batch, heads, seqlen)
 
 # The ladder, safest first: plain producer/consumer, then one feature at a time, then the combinations FA3 uses.
 LADDER = [
-    dict(consumer_wgs=1, bc=64, stages=2, setmaxnreg=False, overlap=False, pingpong=False, min_blocks=1),
-    dict(consumer_wgs=2, bc=64, stages=2, setmaxnreg=False, overlap=False, pingpong=False, min_blocks=1),
-    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=False, overlap=False, pingpong=False, min_blocks=1),
-    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=False, pingpong=False, min_blocks=1),
-    dict(consumer_wgs=2, bc=96, stages=3, setmaxnreg=True, overlap=False, pingpong=False, min_blocks=1),
-    dict(consumer_wgs=1, bc=64, stages=3, setmaxnreg=False, overlap=True, pingpong=False, min_blocks=2),
-    dict(consumer_wgs=1, bc=112, stages=2, setmaxnreg=False, overlap=False, pingpong=False, min_blocks=2),
-    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=False, min_blocks=1),
-    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=True, min_blocks=1),
-    dict(consumer_wgs=2, bc=176, stages=2, setmaxnreg=True, overlap=True, pingpong=True, min_blocks=1),
-    dict(consumer_wgs=2, bc=112, stages=3, setmaxnreg=True, overlap=True, pingpong=True, min_blocks=1),
-    dict(consumer_wgs=2, bc=80, stages=4, setmaxnreg=True, overlap=True, pingpong=True, min_blocks=1),
-    dict(consumer_wgs=3, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=False, min_blocks=1),
-    dict(consumer_wgs=3, bc=80, stages=2, setmaxnreg=True, overlap=True, pingpong=False, min_blocks=1),
-    dict(consumer_wgs=3, bc=64, stages=3, setmaxnreg=True, overlap=False, pingpong=False, min_blocks=1),
+    dict(consumer_wgs=1, bc=64, stages=2, setmaxnreg=False, overlap=False, pingpong=False, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=2, bc=64, stages=2, setmaxnreg=False, overlap=False, pingpong=False, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=False, overlap=False, pingpong=False, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=False, pingpong=False, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=2, bc=96, stages=3, setmaxnreg=True, overlap=False, pingpong=False, o_store="smem", min_blocks=1),
+    dict(consumer_wgs=1, bc=64, stages=3, setmaxnreg=False, overlap=True, pingpong=False, o_store="direct", min_blocks=2),
+    dict(consumer_wgs=1, bc=112, stages=2, setmaxnreg=False, overlap=False, pingpong=False, o_store="smem", min_blocks=2),
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=False, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=2, bc=176, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=2, bc=176, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="smem", min_blocks=1),
+    dict(consumer_wgs=2, bc=112, stages=3, setmaxnreg=True, overlap=True, pingpong=True, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=2, bc=80, stages=4, setmaxnreg=True, overlap=True, pingpong=True, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=3, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=False, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=3, bc=80, stages=2, setmaxnreg=True, overlap=True, pingpong=False, o_store="smem", min_blocks=1),
+    dict(consumer_wgs=3, bc=64, stages=3, setmaxnreg=True, overlap=False, pingpong=False, o_store="direct", min_blocks=1),
 ]
 PROBLEMS = [Problem(d, dt, c) for d in (128, 64) for dt in ("fp16", "bf16") for c in (False, True)]
 # (batch, heads, kv_heads, seqlen_q, seqlen_k, layout): bhnd = (B,H,N,D) memory, bnhd = (B,N,H,D) memory

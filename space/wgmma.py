@@ -31,6 +31,9 @@ AXES = (
          "issue S(n) with P(n-1)·V(n-1) and run softmax(n) while P·V is on the tensor cores"),
     Axis("pingpong", (True, False), "AT_PINGPONG",
          "two consumer warpgroups alternate GEMM turns on named barriers (one's softmax under the other's GEMMs)"),
+    Axis("o_store", ("direct", "smem"), "AT_O_STORE_SMEM",
+         "O written from the accumulator fragments (4-byte stores), or staged in the warpgroup's Q slot of shared "
+         "memory and written as 16-byte row chunks", lambda v: v == "smem"),
     Axis("min_blocks", (1, 2), "AT_MIN_BLOCKS", "__launch_bounds__ minimum resident CTAs per SM"),
 )
 
@@ -169,10 +172,10 @@ def default(p: Problem, a: Arch) -> Config:
     causal."""
     if p.head_dim == 64:
         return Config.make("wgmma", consumer_wgs=3, bc=128, stages=2, setmaxnreg=True, overlap=True,
-                           pingpong=False, min_blocks=1)
+                           pingpong=False, o_store="direct", min_blocks=1)
     bc = {128: 128 if p.causal else 176, 256: 80}[p.head_dim]
     return Config.make("wgmma", consumer_wgs=2, bc=bc, stages=2, setmaxnreg=True, overlap=True,
-                       pingpong=True, min_blocks=1)
+                       pingpong=True, o_store="direct", min_blocks=1)
 
 
 FAMILY = register_family(Family(

@@ -64,6 +64,7 @@ def test_sample_has_both_verdicts():
     assert sum(len(p) for p in invalid.values()) >= 8
     assert {c.pingpong for c, _ in valid} == {True, False}
     assert {c.setmaxnreg for c, _ in valid} == {True, False}
+    assert {c.o_store for c, _ in valid} == {"direct", "smem"}
 
 
 def test_valid_configs_compile_without_spills(verdicts):
@@ -121,7 +122,7 @@ def test_family_only_on_sm90():
 
 def test_layout():
     c = Config.make("wgmma", consumer_wgs=3, bc=112, stages=3, setmaxnreg=True, overlap=True, pingpong=False,
-                    min_blocks=1)
+                    o_store="smem", min_blocks=1)
     lay = space.layout(c, Problem(64, "fp16", False))
     assert (lay.threads, lay.rows_per_block, lay.smem_static) == (512, 192, 0)
     assert lay.smem_dynamic == 1024 + 192 * 64 * 2 + 2 * 3 * 112 * 64 * 2 + 8 * 10

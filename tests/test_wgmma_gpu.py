@@ -29,21 +29,22 @@ CHECK_TIMEOUT_S = 90
 MIN_CONFIGS_PER_PROBLEM = 10
 
 LADDER = tuple(Config.make("wgmma", **d) for d in (
-    dict(consumer_wgs=1, bc=64, stages=2, setmaxnreg=False, overlap=False, pingpong=False, min_blocks=1),
-    dict(consumer_wgs=2, bc=64, stages=2, setmaxnreg=False, overlap=False, pingpong=False, min_blocks=1),
-    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=False, overlap=False, pingpong=False, min_blocks=1),
-    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=False, pingpong=False, min_blocks=1),
-    dict(consumer_wgs=2, bc=96, stages=3, setmaxnreg=True, overlap=False, pingpong=False, min_blocks=1),
-    dict(consumer_wgs=1, bc=64, stages=3, setmaxnreg=False, overlap=True, pingpong=False, min_blocks=2),
-    dict(consumer_wgs=1, bc=112, stages=2, setmaxnreg=False, overlap=False, pingpong=False, min_blocks=2),
-    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=False, min_blocks=1),
-    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=True, min_blocks=1),
-    dict(consumer_wgs=2, bc=176, stages=2, setmaxnreg=True, overlap=True, pingpong=True, min_blocks=1),
-    dict(consumer_wgs=2, bc=112, stages=3, setmaxnreg=True, overlap=True, pingpong=True, min_blocks=1),
-    dict(consumer_wgs=2, bc=80, stages=4, setmaxnreg=True, overlap=True, pingpong=True, min_blocks=1),
-    dict(consumer_wgs=3, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=False, min_blocks=1),
-    dict(consumer_wgs=3, bc=80, stages=2, setmaxnreg=True, overlap=True, pingpong=False, min_blocks=1),
-    dict(consumer_wgs=3, bc=64, stages=3, setmaxnreg=True, overlap=False, pingpong=False, min_blocks=1),
+    dict(consumer_wgs=1, bc=64, stages=2, setmaxnreg=False, overlap=False, pingpong=False, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=2, bc=64, stages=2, setmaxnreg=False, overlap=False, pingpong=False, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=False, overlap=False, pingpong=False, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=False, pingpong=False, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=2, bc=96, stages=3, setmaxnreg=True, overlap=False, pingpong=False, o_store="smem", min_blocks=1),
+    dict(consumer_wgs=1, bc=64, stages=3, setmaxnreg=False, overlap=True, pingpong=False, o_store="direct", min_blocks=2),
+    dict(consumer_wgs=1, bc=112, stages=2, setmaxnreg=False, overlap=False, pingpong=False, o_store="smem", min_blocks=2),
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=False, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=2, bc=176, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=2, bc=176, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="smem", min_blocks=1),
+    dict(consumer_wgs=2, bc=112, stages=3, setmaxnreg=True, overlap=True, pingpong=True, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=2, bc=80, stages=4, setmaxnreg=True, overlap=True, pingpong=True, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=3, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=False, o_store="direct", min_blocks=1),
+    dict(consumer_wgs=3, bc=80, stages=2, setmaxnreg=True, overlap=True, pingpong=False, o_store="smem", min_blocks=1),
+    dict(consumer_wgs=3, bc=64, stages=3, setmaxnreg=True, overlap=False, pingpong=False, o_store="direct", min_blocks=1),
 ))
 PROBLEMS = tuple(Problem(d, dtype, causal) for d in (64, 128) for dtype in space.DTYPES for causal in (False, True))
 

@@ -34,6 +34,8 @@ constexpr int kORegs = kHeadDim / 2;   // O accumulator floats per thread
 constexpr int kPRegs = kBc / 4;        // P as f16x2/bf16x2 A fragments
 constexpr uint32_t kPingPongThreads = 256;
 constexpr uint32_t kPingPongBarrier0 = 1;  // named barrier ids 1, 2 (0 is __syncthreads)
+constexpr uint32_t kOStoreBarrier0 = 3;    // ids 3 .. 3 + kConsumerWGs - 1: one per consumer warpgroup
+constexpr int kORowBytes = kHeadDim * kElemBytes;
 
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     if constexpr (kBf16) {
@@ -346,16 +348,51 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
 
     using Elem = uint16_t;
     Elem* o_base = reinterpret_cast<Elem*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+    if constexpr (kOStoreSmem) {
+        // Stage the 64 × D tile in this warpgroup's own Q slot (its last wgmma has completed, and no other
+        // warpgroup reads it), then write whole 16-byte chunks per thread: rows become contiguous runs.
+        // 16-byte chunk c of local row r lives at chunk c ^ (r % 8): conflict-free for both the 4-byte
+        // fragment writes (8 rows × 4 threads per instruction) and the 16-byte row reads. The first barrier makes
+        // sure every warp of the warpgroup is past its last wgmma (which read Q from this slot).
+        named_bar_sync(kOStoreBarrier0 + wg, 128);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = row0 + 8 * h;
-        if (row < p.seqlen_q) {
-            Elem* o_row = o_base + static_cast<long long>(row) * p.o_row_stride + 2 * (lane % 4);
+        for (int h = 0; h < 2; ++h) {
+            const int r = warp * 16 + lane / 4 + 8 * h;
 #pragma unroll
             for (int j = 0; j < kHeadDim / 8; ++j)
-                *reinterpret_cast<uint32_t*>(o_row + 8 * j) =
-                    pack2(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
-            if (p.lse != nullptr && lane % 4 == 0) {
+                st_shared_u32(q_addr + r * kORowBytes + ((j ^ (r % 8)) * 16) + (lane % 4) * 4,
+                              pack2(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]));
+        }
+        named_bar_sync(kOStoreBarrier0 + wg, 128);
+        constexpr int kChunksPerRow = kHeadDim / 8;
+#pragma unroll
+        for (int it = 0; it < kRowsPerWG * kChunksPerRow / 128; ++it) {
+            const int idx = tid + it * 128;
+            const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
+            const int row = wg_row0 + r;
+            if (row < p.seqlen_q) {
+                const uint4 v = ld_shared_v4(q_addr + r * kORowBytes + ((c ^ (r % 8)) * 16));
+                st_global_v4(o_base + static_cast<long long>(row) * p.o_row_stride + c * 8, v);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + 8 * h;
+            if (row < p.seqlen_q) {
+                Elem* o_row = o_base + static_cast<long long>(row) * p.o_row_stride + 2 * (lane % 4);
+#pragma unroll
+                for (int j = 0; j < kHeadDim / 8; ++j)
+                    *reinterpret_cast<uint32_t*>(o_row + 8 * j) =
+                        pack2(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+            }
+        }
+    }
+    if (p.lse != nullptr && lane % 4 == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + 8 * h;
+            if (row < p.seqlen_q) {
                 // m is in log2 units with the scale folded in; the API wants the natural-log logsumexp.
                 const float lse = l[h] > 0.f ? (m[h] + __log2f(l[h])) * 0.69314718055994531f : -CUDART_INF_F;
                 p.lse[(static_cast<long long>(batch) * p.heads + head) * p.seqlen_q + row] = lse;

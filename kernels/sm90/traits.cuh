@@ -4,7 +4,7 @@
 
 #if !defined(AT_HEAD_DIM) || !defined(AT_DTYPE_BF16) || !defined(AT_CAUSAL) || !defined(AT_CONSUMER_WGS) ||     \
     !defined(AT_BC) || !defined(AT_STAGES) || !defined(AT_SETMAXNREG) || !defined(AT_OVERLAP) ||                 \
-    !defined(AT_PINGPONG) || !defined(AT_MIN_BLOCKS) || !defined(AT_EXPECT_THREADS) ||                           \
+    !defined(AT_PINGPONG) || !defined(AT_O_STORE_SMEM) || !defined(AT_MIN_BLOCKS) || !defined(AT_EXPECT_THREADS) ||                           \
     !defined(AT_EXPECT_SMEM_STATIC) || !defined(AT_EXPECT_SMEM_DYNAMIC)
 #error "wgmma family: build through space.defines(config, problem); a macro is missing"
 #endif
@@ -23,6 +23,7 @@ constexpr int kStages = AT_STAGES;             // K/V slots in the shared-memory
 constexpr bool kSetMaxNReg = AT_SETMAXNREG != 0;
 constexpr bool kOverlap = AT_OVERLAP != 0;     // issue S(n) together with P(n-1)·V(n-1); softmax(n) runs under P·V
 constexpr bool kPingPong = AT_PINGPONG != 0;   // two consumer warpgroups take turns on the tensor cores
+constexpr bool kOStoreSmem = AT_O_STORE_SMEM != 0;  // stage O in shared memory for 16-byte row stores
 constexpr int kMinBlocks = AT_MIN_BLOCKS;
 
 // ---- derived ----------------------------------------------------------------------------------------------------
