@@ -28,6 +28,7 @@ This module imports no torch at import time; only `resolve()` (which loads kerne
 """
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import sys
@@ -246,6 +247,18 @@ def _same_key(c: Candidate, shape: Shape) -> bool:
         shape.seqlen_q, shape.seqlen_k, shape.batch, shape.heads, shape.kv_heads)
 
 
+def _parse_config(key: str) -> Config:
+    """Config.from_key, registering the key's family first: space/__init__ imports only some families (a table
+    from a search over the wgmma family must not look invalid because nothing imported space/wgmma.py yet)."""
+    family = key.partition(":")[0]
+    if family not in space.FAMILIES and family.isidentifier():
+        try:
+            importlib.import_module(f"space.{family}")
+        except ModuleNotFoundError:
+            pass  # from_key's error names the unknown family
+    return Config.from_key(key)
+
+
 class _Checker:
     """Decides whether a tuned row can be used for one (problem, arch), noting and warning once per skipped row."""
 
@@ -275,7 +288,7 @@ class _Checker:
         if ident in self._verdicts:
             return self._verdicts[ident]
         try:
-            config = Config.from_key(c.entry.config_key)
+            config = _parse_config(c.entry.config_key)
             problems = [str(v) for v in space.violations(config, self.problem, self.arch)]
         except (ValueError, KeyError) as e:
             config, problems = None, [f"config key {c.entry.config_key!r} not understood: {e}"]

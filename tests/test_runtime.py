@@ -235,6 +235,19 @@ def test_a_row_whose_sizes_are_not_a_shape_is_skipped(tmp_path, db):
     assert (sel.source, sel.config) == ("nearest", CFG_A)
 
 
+def test_a_row_of_a_family_that_space_init_does_not_import_is_usable(db, monkeypatch):
+    import importlib
+
+    importlib.import_module("space.wgmma")  # only to find a valid config of that family
+    config = next(c for c in space.enumerate_configs("wgmma") if space.is_valid(c, shape().problem, ARCH))
+    store_rows(db, entry(shape(), config))
+    # as in a fresh process where nothing imported space/wgmma.py (monkeypatch puts both back afterwards)
+    monkeypatch.delitem(space.FAMILIES, "wgmma")
+    monkeypatch.delitem(sys.modules, "space.wgmma")
+    sel = select(shape(), db)
+    assert (sel.source, sel.config) == ("storage", config) and "wgmma" in space.FAMILIES
+
+
 def test_a_malformed_shipped_table_is_skipped_with_a_warning(tmp_path, db):
     tables = shipped_dir(tmp_path, entry(shape(), CFG_B))
     (tables / "broken.json").write_text("{not json")
