@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import importlib
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -209,6 +210,17 @@ def cubin_bytes(build) -> bytes:
     return Path(build.cubin_path).read_bytes()
 
 
+def _family(name: str) -> space.Family:
+    """space.get_family, importing space/<name>.py first if needed: a Config unpickled in a worker process
+    does not import the module that registers its family."""
+    if name not in space.FAMILIES:
+        try:
+            importlib.import_module(f"space.{name}")
+        except ModuleNotFoundError:
+            pass  # get_family's error lists the known families
+    return space.get_family(name)
+
+
 @dataclass(frozen=True, eq=False)  # holds tensors: compare by identity
 class Launch:
     """Everything one launch needs, prepared ahead; calling it only enqueues the kernel on the current stream."""
@@ -218,21 +230,23 @@ class Launch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     smem_dynamic: int
-    keepalive: tuple  # the tensors the params point into
+    keepalive: tuple         # the tensors the params (and tensor maps) point into
+    extra_args: tuple = ()   # by-value arguments after the parameter block (the wgmma family's CUtensorMaps)
 
     def __call__(self, stream=None) -> None:
-        self.kernel.launch(self.params, self.grid, self.block, self.smem_dynamic, stream)
+        self.kernel.launch(self.params, self.grid, self.block, self.smem_dynamic, stream, self.extra_args)
 
 
 class KernelRunner:
-    """Runs one build (config + problem + cubin) on torch tensors, with the launch geometry from space.layout."""
+    """Runs one build (config + problem + cubin) on torch tensors, with the launch geometry from space.layout
+    and, after the parameter block, the family's extra arguments (autotune.tma.launch_extra_args)."""
 
     def __init__(self, build):
         if not getattr(build, "ok", True):
             raise ValueError(f"build: expected a successful build, got one that failed: {getattr(build, 'error', '')}")
         self.build = build
         self.config, self.problem = build.config, build.problem
-        self.family = space.get_family(self.config.family)
+        self.family = _family(self.config.family)
         self.layout = space.layout(self.config, self.problem)
         self._cubin = cubin_bytes(build)
 
@@ -252,11 +266,14 @@ class KernelRunner:
 
     def prepare(self, q, k, v, o, lse=None, scale: float | None = None) -> Launch:
         """Validate and fill the parameter block once; the returned Launch can be called many times (timing)."""
+        from .tma import launch_extra_args  # () for families that take only the parameter block
+
         params = make_params(q, k, v, o, lse, scale, problem=self.problem)
         shape = InputShape(params.batch, params.heads, params.kv_heads, params.seqlen_q, params.seqlen_k,
                            self.problem.head_dim, self.problem.dtype)
+        extra = tuple(launch_extra_args(self.config, q, k, v))
         return Launch(self.kernel(q.device.index), params, self.grid(shape), (self.layout.threads, 1, 1),
-                      self.layout.smem_dynamic, (q, k, v, o, lse))
+                      self.layout.smem_dynamic, (q, k, v, o, lse), extra)
 
     def run(self, q, k, v, o, lse=None, scale: float | None = None) -> None:
         """Write attention(q, k, v) into o (and lse), on torch's current stream."""

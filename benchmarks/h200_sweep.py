@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
 """One GPU sweep: build a diverse set of configs per shape, check them, time the correct ones, compare to SDPA.
 
-    python benchmarks/h200_sweep.py [--shape KEY ...] [--per-shape 16] [--config KEY ...] [--out DIR]
+    python benchmarks/h200_sweep.py [--shape KEY ...] [--per-shape 12] [--config KEY ...] [--out DIR]
 
-For each shape (default: the five below) the candidates are the heuristic default, valid configs in order of
-diversity (farthest-point sampling in Hamming distance over the axes, seeded; --per-shape × --oversample of them,
-since many spill) and any --config. All builds go through autotune.build.Builder at once (jobs = CPU count).
-Builds that spill are dropped and the first --per-shape that don't are measured, plus the heuristic default and
-the --config ones, which are measured even when they spill (flagged), the default because untuned shapes get it. Each survivor is checked
-against the fp32 reference and, if right, timed; torch SDPA's flash, cuDNN and memory-efficient backends are
-timed the same way in the same process. Kernels run in a child process (autotune.worker.Worker: spawn, reused
-until a call crashes or times out), so one faulting or hanging config costs one row, not the sweep.
+For each shape (default: the five below) and each kernel family (--families, default both), the candidates are
+the family's heuristic default and valid configs in order of diversity (farthest-point sampling in Hamming
+distance over the axes, seeded; --per-shape × --oversample of them, since many spill), plus any --config. All
+builds go through autotune.build.Builder at once (jobs = CPU count). Measured, in this order: each family's
+default and the --config ones (even when they spill, flagged: untuned shapes get the default), then the first
+--per-shape builds of each family that do not spill, round-robin across families. Each is checked against the
+fp32 reference and, if right, timed; torch SDPA's flash, cuDNN and memory-efficient backends are timed the same
+way in the same process. Kernels run in a child process (autotune.worker.Worker: spawn, reused until a call
+crashes or times out), so one faulting or hanging config costs one row, not the sweep.
 
 Output: progress lines, then per shape a markdown table (top configs, the default, the baselines; TFLOPS and
 speed ratio to SDPA flash and cuDNN) and the failures; the same tables in OUT/sweep.md and everything in
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import os
 import random
@@ -63,25 +65,49 @@ def parse_shape(key: str) -> Shape:
                  seqlen_k=int(nk) if nk else None, head_dim=int(d), dtype=dtype, causal=mask == "causal")
 
 
-def diverse_configs(problem: Problem, arch: space.Arch, n: int, seed: int, families: tuple[str, ...]) -> list[Config]:
-    """The heuristic default, then n valid configs each as far (Hamming, over axes) from those already chosen."""
-    valid = space.valid_configs(problem, arch, families)
-    chosen = [space.default_config(problem, arch)]
-    pool = [c for c in valid if c != chosen[0]]
-    random.Random(f"{seed}-{problem.key}").shuffle(pool)  # tie-break order: deterministic, not axis-ordered
-    if not pool:
-        return chosen
-    far = [sum(a != b for a, b in zip(c.values, chosen[0].values)) if c.family == chosen[0].family else 99
-           for c in pool]
+def diverse_configs(problem: Problem, arch: space.Arch, n: int, seed: int, family: str) -> list[Config]:
+    """The family's heuristic default, then n valid configs each as far (Hamming, over the axes) as possible from
+    those already chosen; ties go to a seeded shuffle, so the order is deterministic but not axis-ordered."""
+    chosen = [space.default_config(problem, arch, family)]
+    pool = [c for c in space.valid_configs(problem, arch, (family,)) if c != chosen[0]]
+    random.Random(f"{seed}-{problem.key}-{family}").shuffle(pool)
+
+    def distance(a: Config, b: Config) -> int:
+        return sum(x != y for x, y in zip(a.values, b.values))
+
+    far = [distance(c, chosen[0]) for c in pool]
     for _ in range(min(n, len(pool))):
         i = max(range(len(pool)), key=far.__getitem__)
-        pick = pool[i]
-        chosen.append(pick)
-        for j, c in enumerate(pool):
-            d = sum(a != b for a, b in zip(c.values, pick.values)) if c.family == pick.family else 99
-            far[j] = min(far[j], d)
+        chosen.append(pool[i])
+        far = [min(f, distance(c, pool[i])) for f, c in zip(far, pool)]
         far[i] = -1
     return chosen
+
+
+def measurement_order(per_family: dict[str, list], forced, per_shape: int) -> tuple[list, dict[str, int]]:
+    """(builds to measure, {reason: count} of the others): the forced builds first (each family's default and
+    --config; measured even when they spill), then the first per_shape non-spilling sampled builds of each family,
+    taken round-robin across families so a budget cut leaves every family represented."""
+    dropped: dict[str, int] = {}
+    todo = [b for b in forced if b.ok]
+    for b in forced:
+        if not b.ok:
+            dropped[b.status] = dropped.get(b.status, 0) + 1
+    queues = []
+    for builds in per_family.values():
+        queue = []
+        for b in builds:
+            if b in forced:
+                continue
+            if b.ok and not b.spilled and len(queue) < per_shape:
+                queue.append(b)
+            else:
+                why = b.status if not b.ok or b.spilled else "unused_sample"
+                dropped[why] = dropped.get(why, 0) + 1
+        queues.append(queue)
+    for i in range(max((len(q) for q in queues), default=0)):
+        todo += [q[i] for q in queues if i < len(q)]
+    return todo, dropped
 
 
 # ---- measuring -------------------------------------------------------------------------------------------------
@@ -125,9 +151,9 @@ class Runner:
         self.worker.stop()
 
 
-def _row(ev, build, default_key: str) -> dict:
+def _row(ev, build, default_keys: set) -> dict:
     row = ev.as_dict()
-    row["is_default"] = ev.config_key == default_key
+    row["is_default"] = ev.config_key in default_keys
     if build is not None and build.report is not None:
         row["build"] = {**build.report.as_dict(), "cached": build.cached, "cubin_hash": build.cubin_hash}
     return row
@@ -163,7 +189,7 @@ def shape_table(shape_result: dict, top: int) -> str:
             lines.append(f"| | **sdpa_{name}** | refused: {why} | | | | | | | |")
     for r in shown:
         rank = done.index(r) + 1
-        label = f"`{r['config_key'].partition(':')[2]}`" + (" (default)" if r["is_default"] else "")
+        label = f"`{r['config_key']}`" + (" (default)" if r["is_default"] else "")
         lines.append(f"| {rank} | {label} | {r['median_ms']:.4f} | {r['p20_ms']:.4f}-{r['p80_ms']:.4f} | "
                      f"{r['tflops']:.1f} | {_f(_ratio(r['median_ms'], flash_ms), '.2f')} | "
                      f"{_f(_ratio(r['median_ms'], cudnn_ms), '.2f')} | {_f(r['registers'], 'd')} | "
@@ -186,12 +212,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", action="append", default=None, metavar="KEY",
                    help=f"shape key (repeatable; default: {', '.join(DEFAULT_SHAPES)})")
-    p.add_argument("--per-shape", type=int, default=16,
-                   help="non-spilling sampled configs measured per shape, besides the default (16)")
+    p.add_argument("--per-shape", type=int, default=12,
+                   help="non-spilling sampled configs measured per shape and family, besides the defaults (12)")
     p.add_argument("--oversample", type=int, default=3,
                    help="build this many times --per-shape candidates, since many spill (3)")
     p.add_argument("--config", action="append", default=[], metavar="KEY", help="also try this config (repeatable)")
-    p.add_argument("--families", default="mma_sync", help="comma-separated kernel families to sample (mma_sync)")
+    p.add_argument("--families", default="mma_sync,wgmma",
+                   help="comma-separated kernel families to sample, those the arch lacks are skipped (mma_sync,wgmma)")
     p.add_argument("--arch", default=None, help="default: the visible GPU's (required with --build-only on CPU)")
     p.add_argument("--out", default=os.environ.get("OUT", "sweep_out"), help="output directory (default $OUT)")
     p.add_argument("--cache-dir", default=None, help="kernel cache (default: the Builder's)")
@@ -222,14 +249,19 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     # Candidates per problem (shapes of one problem share builds), then one parallel build of everything.
+    for family in families:
+        importlib.import_module(f"space.{family}")  # registers the family
+    families = tuple(f for f in families if f in arch.families)
     extra = [Config.from_key(k) for k in args.config]
-    forced_keys = {c.key for c in extra}
-    candidates: dict[Problem, list[Config]] = {}
+    # Candidates per problem and family (shapes of one problem share builds), then one parallel build of all.
+    candidates: dict[Problem, dict[str, list[Config]]] = {}
     for shape in shapes:
         if shape.problem not in candidates:
-            picked = diverse_configs(shape.problem, arch, args.per_shape * args.oversample, args.seed, families)
-            candidates[shape.problem] = picked + [c for c in extra if c not in picked]
-    items = [(c, p) for p, cs in candidates.items() for c in cs]
+            candidates[shape.problem] = {
+                f: diverse_configs(shape.problem, arch, args.per_shape * args.oversample, args.seed, f)
+                for f in families}
+    items = list(dict.fromkeys([(c, p) for p, per in candidates.items() for cs in per.values() for c in cs]
+                               + [(c, p) for p in candidates for c in extra]))
     log(f"building {len(items)} (config, problem) pairs for {arch.name} "
         f"({', '.join(p.key for p in candidates)}) ...")
 
@@ -272,7 +304,8 @@ def main(argv=None) -> int:
             shape_t0 = time.monotonic()
             remaining = args.budget_s - (shape_t0 - t_start)
             deadline = shape_t0 + max(0.0, remaining) / (len(shapes) - si)
-            default_key = space.default_config(shape.problem, arch).key
+            defaults = [space.default_config(shape.problem, arch, f) for f in families]
+            default_keys = {c.key for c in defaults}
             log(f"[{si + 1}/{len(shapes)}] {shape.key}: timing SDPA backends ...")
             timings, reasons = runner.baselines(shape, args.layout, args.warmup_ms, args.rep_ms)
             baselines = {}
@@ -283,18 +316,9 @@ def main(argv=None) -> int:
                                           if t else f"refused: {reasons.get(name)}"))
             shape_result = {"shape_key": shape.key, "shape": dataclasses.asdict(shape), "baselines": baselines,
                             "baseline_reasons": reasons, "configs": [], "dropped": {}}
-            todo, picked = [], 0
-            for c in candidates[shape.problem]:
-                b = builds[(c, shape.problem)]
-                # the default and --config picks are always measured; sampled ones only up to --per-shape
-                # builds that compiled without spilling, in diversity order
-                forced = c.key == default_key or c.key in forced_keys
-                if b.ok and (forced or (not b.spilled and picked < args.per_shape)):
-                    todo.append(b)
-                    picked += not forced
-                else:
-                    why = b.status if not b.ok or b.spilled else "unused_sample"
-                    shape_result["dropped"][why] = shape_result["dropped"].get(why, 0) + 1
+            per_family = {f: [builds[(c, shape.problem)] for c in cs] for f, cs in candidates[shape.problem].items()}
+            forced = list(dict.fromkeys(builds[(c, shape.problem)] for c in defaults + extra))
+            todo, shape_result["dropped"] = measurement_order(per_family, forced, args.per_shape)
             by_hash: dict[str, dict] = {}  # identical cubins are measured once
             for ci, b in enumerate(todo):
                 if time.monotonic() > deadline:
@@ -304,10 +328,11 @@ def main(argv=None) -> int:
                     break
                 if b.cubin_hash and b.cubin_hash in by_hash:
                     row = {**by_hash[b.cubin_hash], "config_key": b.config.key,
-                           "is_default": b.config.key == default_key, "same_cubin_as": by_hash[b.cubin_hash]["config_key"]}
+                           "is_default": b.config.key in default_keys,
+                           "same_cubin_as": by_hash[b.cubin_hash]["config_key"]}
                 else:
                     ev = runner.evaluate(b, shape, args.seed, args.layout, args.warmup_ms, args.rep_ms)
-                    row = _row(ev, b, default_key)
+                    row = _row(ev, b, default_keys)
                     if b.cubin_hash:
                         by_hash[b.cubin_hash] = row
                 shape_result["configs"].append(row)

@@ -230,3 +230,24 @@ def test_attention_with_allocates_outputs_and_rejects_bad_inputs(builds):
         make_params(misaligned, k, v, o)
     with pytest.raises(ValueError, match="compiled for"):
         attention_with(build, q.half(), k.half(), v.half())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+def test_check_and_bench_commands(builds, tmp_path, capsys):
+    from autotune.cli import main
+
+    cache = str(builds[PLAN[0]].cubin_path.parent.parent.parent)  # the module's kernel cache: no rebuild
+    common = ["--seqlen", "300", "--batch", "2", "--heads", "8", "--kv-heads", "2", "--head-dim", "64",
+              "--causal", "--cache-dir", cache]
+    assert main(["check", *common, "--layout", "bnhd", "--lse", "--seed", "3"]) == 0
+    assert "result   OK" in capsys.readouterr().out
+    out = tmp_path / "bench.json"
+    assert main(["bench", *common, "--warmup-ms", "5", "--rep-ms", "20", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "sdpa_flash" in printed and "mma_sync:" in printed
+    import json
+
+    rows = {r["name"]: r for r in json.loads(out.read_text())["rows"]}
+    config_rows = [r for r in rows.values() if r["kind"] == "config"]
+    assert len(config_rows) == 1 and config_rows[0]["status"].startswith("complete") and config_rows[0]["tflops"] > 0

@@ -176,3 +176,21 @@ def test_runner_refuses_a_failed_build():
 
     with pytest.raises(ValueError, match="build: expected a successful build.*nvcc: error"):
         loader.KernelRunner(Failed())
+
+
+def test_a_prepared_launch_passes_its_extra_args(fake):
+    k = loader.load_kernel(CUBIN, "flash_fwd_mma_sync")
+    tensor_map = (ctypes.c_uint8 * 128)(*range(128))  # stands in for a CUtensorMap
+    launch = loader.Launch(k, FlashFwdParams(batch=1), (1, 1, 1), (64, 1, 1), 0, (), (tensor_map,))
+    launch()
+    assert ctypes.string_at(fake.launches[0]["extra"], 128) == bytes(range(128))
+
+
+def test_runner_finds_a_family_whose_module_was_not_imported(monkeypatch):
+    family = space.get_family("mma_sync")
+    monkeypatch.delitem(space.FAMILIES, "mma_sync")  # as in a worker that unpickled a Config of it
+    monkeypatch.setattr(loader.importlib, "import_module",
+                        lambda name: space.FAMILIES.setdefault("mma_sync", family) if name == "space.mma_sync" else None)
+    assert loader._family("mma_sync") is family
+    with pytest.raises(ValueError, match="family: expected one of"):
+        loader._family("nope")

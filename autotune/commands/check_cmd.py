@@ -6,6 +6,7 @@ Also home of the shape arguments that `autotune bench` shares.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 import space
@@ -71,6 +72,10 @@ def parse_config(key: str | None, problem: space.Problem, arch: space.Arch, comm
     """--config's key, or the heuristic default when None; None after printing why the key is unusable."""
     if key is None:
         return space.default_config(problem, arch)
+    try:
+        importlib.import_module(f"space.{key.partition(':')[0]}")  # registers the family (e.g. space.wgmma)
+    except ModuleNotFoundError:
+        pass  # from_key's error lists the known families
     try:
         return space.Config.from_key(key)
     except (ValueError, KeyError) as e:
