@@ -248,8 +248,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    # Candidates per problem (shapes of one problem share builds), then one parallel build of everything.
-    for family in families:
+    for family in set(families) | {k.partition(":")[0] for k in args.config}:
         importlib.import_module(f"space.{family}")  # registers the family
     families = tuple(f for f in families if f in arch.families)
     extra = [Config.from_key(k) for k in args.config]
