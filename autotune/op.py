@@ -103,15 +103,15 @@ def shape_of(inputs: InputShape, causal: bool) -> Shape:
 class _Launcher:
     """One validated (layout, flags, storage) combination: a warm call only swaps the data pointers."""
 
-    __slots__ = ("plan", "launch", "rebindable", "out_shape", "lse_shape", "dtype", "device", "scale")
+    __slots__ = ("plan", "launch", "extra_args", "out_shape", "lse_shape", "dtype", "device")
 
-    def __init__(self, plan: runtime.Plan, launch, out_shape, lse_shape, dtype, device, scale):
+    def __init__(self, plan: runtime.Plan, launch, out_shape, lse_shape, dtype, device):
         self.plan, self.launch = plan, launch
-        # A family that takes more than the parameter block (e.g. TMA descriptors holding the addresses) is
-        # prepared anew each call through the loader; otherwise only the pointers change.
-        self.rebindable = not getattr(launch, "extra_args", ())
+        # Families that take more than the parameter block (the wgmma family's TMA descriptors) get those
+        # arguments encoded anew for each call's tensors, since they embed the addresses.
+        self.extra_args = _extra_args_function() if launch.extra_args else None
         self.out_shape, self.lse_shape = out_shape, lse_shape
-        self.dtype, self.device, self.scale = dtype, device, scale
+        self.dtype, self.device = dtype, device
 
     def __call__(self, q, k, v):
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
@@ -119,16 +119,21 @@ class _Launcher:
             check_inputs(q, k, v)  # raises with the argument's name and the fix
         o = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.lse_shape else None
-        if not self.rebindable:
-            self.plan.runner.prepare(q, k, v, o, lse, self.scale)()
-            return o, lse
         launch = self.launch
         p = FlashFwdParams.from_buffer_copy(launch.params)  # the driver copies it at launch: one per call is safe
         p.q, p.k, p.v, p.o = qp, kp, vp, o.data_ptr()
         if lse is not None:
             p.lse = lse.data_ptr()
-        launch.kernel.launch(p, launch.grid, launch.block, launch.smem_dynamic)
+        extra = self.extra_args(self.plan.runner.config, q, k, v) if self.extra_args else ()
+        launch.kernel.launch(p, launch.grid, launch.block, launch.smem_dynamic, None, extra)
         return o, lse
+
+
+def _extra_args_function():
+    """The loader's source of per-call kernel arguments after the parameter block (tma.launch_extra_args)."""
+    from .tma import launch_extra_args
+
+    return launch_extra_args
 
 
 _launchers: dict[tuple, _Launcher] = {}
@@ -145,8 +150,7 @@ def _new_launcher(q, k, v, causal: bool, scale, return_lse: bool, url: str) -> _
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
     launch = plan.runner.prepare(q, k, v, o, lse, scale)  # the loader's own full validation, once
-    return _Launcher(plan, launch, tuple(q.shape), tuple(q.shape[:3]) if return_lse else None, q.dtype, q.device,
-                     scale)
+    return _Launcher(plan, launch, tuple(q.shape), tuple(q.shape[:3]) if return_lse else None, q.dtype, q.device)
 
 
 def forward(q, k, v, causal: bool, scale: Optional[float], return_lse: bool):

@@ -441,33 +441,42 @@ def test_warm_calls_reuse_the_prepared_launch_and_only_swap_pointers(monkeypatch
         op.forward(q, k.bfloat16(), v, True, 0.25, True)
 
 
-def test_families_with_extra_kernel_arguments_are_prepared_by_the_loader_every_call(monkeypatch):
-    """Extra arguments (the wgmma family's TMA descriptors) embed the tensors' addresses: no pointer swap."""
+def test_extra_kernel_arguments_are_encoded_for_each_calls_tensors(monkeypatch):
+    """Extra arguments (the wgmma family's TMA descriptors) embed the tensors' addresses: they are made anew for
+    every call, while the parameter block is still only copied and re-pointed."""
     from autotune import launch_params, loader
 
-    launched = []
+    launched, encoded = [], []
 
     class FakeKernel:
         def launch(self, params, grid, block, smem_dynamic=0, stream=None, extra_args=()):
-            launched.append((params.q, extra_args))
+            launched.append((params.q, params.o, tuple(extra_args)))
 
     class FakeRunner:
+        config = "a wgmma config"
         prepared = 0
 
         def prepare(self, q, k, v, o, lse=None, scale=None):
             FakeRunner.prepared += 1
             params = launch_params.make_params(q, k, v, o, lse, scale, require_cuda=False)
             return loader.Launch(kernel=FakeKernel(), params=params, grid=(1, 1, 1), block=(384, 1, 1),
-                                 smem_dynamic=0, extra_args=(q.data_ptr(),), keepalive=(q, k, v, o, lse))
+                                 smem_dynamic=0, extra_args=fake_extra(self.config, q, k, v),
+                                 keepalive=(q, k, v, o, lse))
+
+    def fake_extra(config, q, k, v):
+        encoded.append(config)
+        return (("tm", q.data_ptr()), ("tm", k.data_ptr()), ("tm", v.data_ptr()))
 
     check = op.check_inputs
     monkeypatch.setattr(op, "check_inputs", lambda q, k, v, require_cuda=True: check(q, k, v, require_cuda=False))
     monkeypatch.setattr(runtime, "resolve", lambda device, shape, url: runtime.Plan(None, FakeRunner(), None))
+    monkeypatch.setattr(op, "_extra_args_function", lambda: fake_extra)
     for _ in range(3):
         q, k, v = qkv()
-        op.forward(q, k, v, False, None, False)
-        assert launched[-1] == (q.data_ptr(), (q.data_ptr(),))
-    assert FakeRunner.prepared == 1 + 3  # the cold preparation, then one per call
+        out, _ = op.forward(q, k, v, False, None, False)
+        assert launched[-1] == (q.data_ptr(), out.data_ptr(),
+                                (("tm", q.data_ptr()), ("tm", k.data_ptr()), ("tm", v.data_ptr())))
+    assert FakeRunner.prepared == 1 and encoded == ["a wgmma config"] * 4  # prepare once, then one per call
 
 
 # ---- input errors -----------------------------------------------------------------------------------------
