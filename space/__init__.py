@@ -5,7 +5,7 @@ from .config import (
     get_family, is_valid, layout, valid_configs, violations,
 )
 from .problem import DTYPES, HEAD_DIMS, Problem, Shape
-from . import mma_sync  # noqa: F401  (registers the family)
+from . import mma_sync, wgmma  # noqa: F401  (registers the families)
 
 __all__ = [
     "ARCHES", "Arch", "get_arch", "FAMILIES", "Axis", "Config", "Family", "Layout", "Rule", "Violation",

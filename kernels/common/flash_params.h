@@ -1,5 +1,5 @@
 // The one parameter block every kernel family takes by value. Plain C layout so any loader can fill it
-// (autotune/launch.py mirrors it with ctypes; a test checks the size and offsets).
+// (autotune/launch_params.py mirrors it with ctypes; a test checks the size and offsets).
 #pragma once
 
 struct FlashFwdParams {
