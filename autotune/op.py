@@ -5,8 +5,9 @@ enable_gqa=True)` for the cases supported:
   * q (B, H, Nq, D), k and v (B, Hkv, Nk, D) with Hkv dividing H (GQA: query head h reads kv head h // (H/Hkv));
   * fp16 or bf16, D in space.HEAD_DIMS, all tensors on one CUDA device;
   * any strides as long as the last dim is contiguous and the data is 16-byte aligned: a (B, N, H, D) tensor
-    passed as `.transpose(1, 2)` runs without a copy. Inputs that break this are NOT copied: the error says which
-    argument and how to fix it (usually `.contiguous()`), so a hidden copy never eats the speed-up;
+    passed as `.transpose(1, 2)` runs without a copy. Inputs that break this are NOT copied (a hidden copy would
+    eat the speed-up): the ValueError names the argument and what was expected; `.contiguous()` gives a copy that
+    runs;
   * causal masks are top-left aligned (query i sees keys j <= i), like SDPA's is_causal;
   * forward only (no backward: autograd raises if one is attempted through the op).
 Returns out (B, H, Nq, D), contiguous, in q's dtype; with return_lse also lse (B, H, Nq), fp32, natural log.
@@ -116,7 +117,7 @@ class _Launcher:
     def __call__(self, q, k, v):
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         if (qp | kp | vp) % ALIGN_BYTES:
-            check_inputs(q, k, v)  # raises with the argument's name and the fix
+            check_inputs(q, k, v)  # raises, naming the argument
         o = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.lse_shape else None
         launch = self.launch
