@@ -218,6 +218,9 @@ def attention(q, k, v, causal: bool = False, scale: Optional[float] = None, retu
     if _direct(q, k, v):
         out, lse = forward(q, k, v, causal, scale, return_lse)
     else:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):  # before the dispatcher, whose schema error names no argument
+                raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         out, lse = flash_attention_fwd(q, k, v, causal, scale, return_lse)
     return (out, lse) if return_lse else out
 

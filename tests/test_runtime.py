@@ -515,6 +515,9 @@ def test_bad_inputs_raise_errors_naming_the_argument(case):
 def test_cpu_tensors_are_rejected_by_attention_itself():
     with pytest.raises(ValueError, match=r"^q: expected a CUDA tensor, got a tensor on cpu"):
         autotune.attention(*qkv())
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"^v: expected a torch.Tensor, got ndarray"):
+        autotune.attention(q, k, v.numpy())
 
 
 def test_good_inputs_pass_including_strided_bnhd_and_gqa():
