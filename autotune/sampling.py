@@ -12,6 +12,7 @@ study sees the same distributions.
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Callable, Mapping, Sequence
 
@@ -35,13 +36,9 @@ class SearchSpace:
         self.problem, self.arch = problem, arch
         self.domains: dict[str, dict[str, tuple]] = {}
         for family in available:
-            valid = [c for c in space.enumerate_configs(family) if space.is_valid(c, problem, arch)]
-            if not valid:
-                continue
-            axes = space.get_family(family).axes
-            self.domains[family] = {
-                a.name: tuple(v for v in a.values if any(getattr(c, a.name) == v for c in valid)) for a in axes
-            }
+            domains = _valid_domains(family, problem, arch)
+            if domains is not None:
+                self.domains[family] = domains
         if not self.domains:
             raise ValueError(f"no valid config of {list(available)} exists for {problem.key} on {arch.name}")
         self.families = tuple(self.domains)
@@ -94,6 +91,21 @@ class SearchSpace:
         import math
 
         return sum(math.prod(len(d) for d in axes.values()) for axes in self.domains.values())
+
+
+@functools.lru_cache(maxsize=64)
+def _valid_domains(family: str, problem: Problem, arch: Arch) -> dict[str, tuple] | None:
+    """Per axis, the values used by at least one valid config (None: no valid config at all). Cached: it walks
+    the whole cross product (tens of thousands of configs), and the answer depends on nothing else."""
+    axes = space.get_family(family).axes
+    used: dict[str, set] = {a.name: set() for a in axes}
+    for config in space.enumerate_configs(family):
+        if space.is_valid(config, problem, arch):
+            for name, value in config.values:
+                used[name].add(value)
+    if not used[axes[0].name]:
+        return None
+    return {a.name: tuple(v for v in a.values if v in used[a.name]) for a in axes}
 
 
 def set_constraint_supported() -> bool:

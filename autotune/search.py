@@ -42,7 +42,7 @@ TOP_N = 5
 class SearchOptions:
     shape: Shape
     trials: int = DEFAULT_TRIALS
-    timeout: float | None = None           # wall seconds for the search loop (the finale comes on top)
+    timeout: float | None = None           # wall seconds for the trial loop (the finale comes on top)
     sampler: str = "tpe"
     seed: int | None = 0
     storage: str | None = None
@@ -264,7 +264,8 @@ def run_search(options: SearchOptions, *, builder=None, evaluator=None, log: Cal
         target = options.trials
         remaining = max(0, target - memory.evaluated)
         max_asks = options.max_asks or ASKS_PER_TRIAL * remaining + 200
-        deadline = started + options.timeout if options.timeout else None
+        # --timeout bounds the trial loop, from here: worker start-up and study loading are not trials
+        deadline = time.monotonic() + options.timeout if options.timeout else None
         progress = ProgressPrinter(target, log=log, best=studies.top_trials(study, 1))
         loop = _Loop(study, search_space, builder, evaluator, options.shape, options.spill_policy, memory, progress,
                      target, max_asks, deadline)

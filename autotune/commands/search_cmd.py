@@ -38,7 +38,8 @@ def add_parser(subparsers) -> None:
                    help=f"evaluated trials the study should reach, counting earlier runs; invalid configs "
                         f"(rejected before nvcc) and repeats do not count (default {DEFAULT_TRIALS})")
     s.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                   help="stop starting new trials after this many seconds (default: no limit)")
+                   help="stop starting new trials after this many seconds of the trial loop; the running "
+                        "evaluation finishes, then the top configs are re-timed and stored (default: no limit)")
     s.add_argument("--sampler", default="tpe", choices=SAMPLERS,
                    help="tpe (default; multivariate, learns from failures), gp (Gaussian process), random, "
                         "brute (exhaustive)")
