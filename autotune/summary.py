@@ -123,7 +123,7 @@ def format_result(r) -> str:
         rec = r.record
         if rec is not None:
             if rec.action == "kept":
-                lines.append(f"  stored: kept the existing faster row ({rec.entry.tflops:.1f} TFLOPS from "
+                lines.append(f"  stored: kept the existing row, as fast or faster ({rec.entry.tflops:.1f} TFLOPS from "
                              f"{rec.entry.study} #{rec.entry.trial}) in autotune_best at {r.storage}")
             else:
                 was = f", replacing {rec.previous.tflops:.1f} TFLOPS" if rec.previous else ""
