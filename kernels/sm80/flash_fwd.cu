@@ -130,16 +130,26 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
     auto acquire = [&](int item) {
         if constexpr (kLoaderWarps > 0) {
             named_barrier_sync(kBarFull + item % kKvSlots, kThreads);
-        } else {
+        } else if constexpr (kKvSlots == 1) {
+            cp_async_wait<0>();
+            __syncthreads();
+        } else if (item == 0) {
             cp_async_wait<kKvSlots - 1>();
             __syncthreads();
-        }
+        }  // else: the release of item - 1 already waited for this one
     };
     // Done reading item `item`: hand its slot to the next item that maps to it.
     auto release = [&](int item) {
         if constexpr (kLoaderWarps > 0) {
             if (item + kKvSlots < n_items) named_barrier_arrive(kBarEmpty + item % kKvSlots, kThreads);
-        } else {
+        } else if constexpr (kKvSlots == 1) {
+            __syncthreads();
+            if (item + 1 < n_items) load_kv_item<kThreads>(kv_base, k_g, v_g, p, item + 1, tid);
+            cp_async_commit();
+        } else if (item + 1 < n_items) {
+            // One barrier does two jobs: every thread is done with `item` (its slot may be refilled) and
+            // item + 1, already in flight, is visible to all. Groups committed after item + 1: kKvSlots - 2.
+            cp_async_wait<kKvSlots - 2>();
             __syncthreads();
             if (item + kKvSlots < n_items) load_kv_item<kThreads>(kv_base, k_g, v_g, p, item + kKvSlots, tid);
             cp_async_commit();
@@ -299,6 +309,21 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) o_acc[mt][dn][e] *= alpha[mt][e >> 1];
 
+        // P in registers: two adjacent n8 accumulator tiles of S are exactly one m16k16 A fragment of P·V.
+        // Packing right away lets the fp32 scores die before V is read (half the registers).
+        uint32_t p_frag[kPInRegs ? kMTiles : 1][kPInRegs ? kBcSteps : 1][4];
+        if constexpr (kPInRegs) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                for (int kk = 0; kk < kBcSteps; ++kk) {
+                    p_frag[mt][kk][0] = pack2<kBf16>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                    p_frag[mt][kk][1] = pack2<kBf16>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                    p_frag[mt][kk][2] = pack2<kBf16>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                    p_frag[mt][kk][3] = pack2<kBf16>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                }
+        }
+
         if constexpr (!kPInRegs) {
             // P through shared memory: any warp layout of P·V can then read whole rows of P.
             if constexpr (kWarpsN == 1) __syncwarp();  // this warp's previous ldmatrix reads of its rows are done
@@ -328,11 +353,8 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt) {
                 if constexpr (kPInRegs) {
-                    // Two adjacent n8 accumulator tiles of S are exactly one m16k16 A fragment of P.
-                    a[mt][0] = pack2<kBf16>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                    a[mt][1] = pack2<kBf16>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                    a[mt][2] = pack2<kBf16>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                    a[mt][3] = pack2<kBf16>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) a[mt][e] = p_frag[mt][kk][e];
                 } else {
                     ldmatrix_x4(a[mt], smem_addr(p_s + (row_w + mt * 16 + a_row) * kPStride + kk * 16 + a_col));
                 }
