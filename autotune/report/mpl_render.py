@@ -34,12 +34,15 @@ def history(info: HistoryInfo, ax: Axes) -> None:
     ax.set_title(style.TITLES["history"])
     ax.scatter(info.numbers, info.tflops, s=18, color=style.TRIAL_COLOUR, label="trial", zorder=3)
     ax.step(info.numbers, info.best_so_far, where="post", color=style.BEST_COLOUR, lw=2, label="best so far")
+    if info.failed_numbers:  # where the search spent trials without a speed: a rug along the bottom
+        ax.scatter(info.failed_numbers, [0] * len(info.failed_numbers), marker="|", s=60, color=style.FAILED_COLOUR,
+                   label=f"no TFLOPS ({len(info.failed_numbers)})", clip_on=False)
     for label, value in info.baselines.items():
         ax.axhline(value, ls="--", color=style.BASELINE_COLOURS.get(label, "black"), label=f"{label} {value:.0f}")
     ax.set_ylim(0, max(info.tflops + list(info.baselines.values())) * 1.1)
     ax.set_xlabel("trial")
     ax.set_ylabel("TFLOPS")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="best", fontsize=8)
     ax.grid(alpha=0.3)
 
 
@@ -148,22 +151,29 @@ def top_table(info: TopTableInfo, ax: Axes) -> None:
     rows = [[r.rank, r.number, r.config.partition(":")[2] or r.config, _txt(r.registers), _txt(r.spill_bytes),
              _txt(r.smem_bytes), _txt(r.threads), _txt(r.time_ms, 4), _txt(r.tflops, 1)]
             + [_txt(r.vs_baseline[label], 2) for label in info.baselines] for r in info.rows]
-    table = ax.table(cellText=rows, colLabels=header, loc="upper center", cellLoc="center")
+    # Columns as wide as their longest text, the whole table stretched over the axes (nothing clipped); the
+    # config column is monospaced (axis values line up row to row) and its glyphs are wider.
+    chars = [max(len(str(c)) for c in column) + 2 for column in zip(header, *rows)]
+    chars[2] = int(chars[2] * 1.3)
+    table = ax.table(cellText=rows, colLabels=header, cellLoc="center", bbox=[0, 0, 1, 1],
+                     colWidths=[c / sum(chars) for c in chars])
     table.auto_set_font_size(False)
     table.set_fontsize(7)
-    table.auto_set_column_width(list(range(len(header))))
+    for (row, col), cell in table.get_celld().items():
+        if col == 2 and row > 0:
+            cell.set_text_props(family="monospace")
 
 
 DRAW = {"history": history, "importance": importance, "parallel": parallel, "heatmap": heatmap,
         "registers": registers, "outcomes": outcomes, "top": top_table}
-SIZES = {"parallel": (12, 5), "top": (14, 0.6), "outcomes": (7, 4.5)}  # "top": height per row, see save_one
+SIZES = {"parallel": (12, 5), "top": (16, 0.28), "outcomes": (7, 4.5)}  # "top": height per row, see save_one
 OVERVIEW = ("history", "importance", "parallel", "heatmap", "registers", "outcomes")
 
 
 def save_one(kind: str, info, path: Path) -> Path:
     width, height = SIZES.get(kind, (8, 5))
     if kind == "top":
-        height = 1.2 + height * (len(getattr(info, "rows", [])) + 1)
+        height = 0.8 + height * (len(getattr(info, "rows", [])) + 1)
     fig = Figure(figsize=(width, height), layout="constrained")
     DRAW[kind](info, fig.add_subplot())
     fig.savefig(path, dpi=DPI)

@@ -38,6 +38,11 @@ def history(info: HistoryInfo) -> go.Figure:
                              hovertemplate="trial %{x}<br>%{y:.1f} TFLOPS<extra></extra>"))
     fig.add_trace(go.Scatter(x=info.numbers, y=info.best_so_far, mode="lines", name="best so far",
                              line=dict(color=style.BEST_COLOUR, shape="hv", width=2)))
+    if info.failed_numbers:  # where the search spent trials without a speed: a rug along the bottom
+        fig.add_trace(go.Scatter(x=info.failed_numbers, y=[0] * len(info.failed_numbers), mode="markers",
+                                 name=f"no TFLOPS ({len(info.failed_numbers)})",
+                                 marker=dict(symbol="line-ns-open", color=style.FAILED_COLOUR, size=10),
+                                 hovertemplate="trial %{x}: no TFLOPS<extra></extra>"))
     for label, value in info.baselines.items():
         fig.add_hline(y=value, line=dict(color=style.BASELINE_COLOURS.get(label, "black"), dash="dash"),
                       annotation_text=f"{label} {value:.0f}", annotation_position="top left")

@@ -32,6 +32,7 @@ KIND_MARKS = {
 }
 
 TRIAL_COLOUR = "#1f77b4"
+FAILED_COLOUR = "#7f7f7f"
 BEST_COLOUR = "#ff7f0e"
 BASELINE_COLOURS = {"SDPA flash (FA2)": "#d62728", "SDPA cuDNN": "#9467bd"}
 COLOURSCALE = "Viridis"  # plotly name; matplotlib's "viridis" is the same map
