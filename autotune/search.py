@@ -90,7 +90,7 @@ class SearchResult:
     counts: Counter                         # statuses of every finished trial of the study
     asks: int
     stop_reason: str
-    top: list                               # FrozenTrials, best first
+    top: list = field(default_factory=list)  # FrozenTrials, best first (up to 5)
     retimed: list = field(default_factory=list)
     record: object | None = None            # store.RecordResult
     baselines: dict = field(default_factory=dict)
@@ -231,7 +231,6 @@ def run_search(options: SearchOptions, *, builder=None, evaluator=None, log: Cal
     import optuna
 
     from . import storage_url
-    from .store import BestStore
 
     options.check()
     started = time.monotonic()
@@ -274,34 +273,45 @@ def run_search(options: SearchOptions, *, builder=None, evaluator=None, log: Cal
             f"storage {storage_url.describe(url)}")
         stop_reason, pipeline = _run_pipeline(loop, options, batch_size)
 
-        counts = studies.status_counts(study)
-        top = studies.top_trials(study, max(TOP_N, options.retime_top))
-        retimed, baselines, notes = winner.retime_and_baselines(top[:options.retime_top], builder, evaluator,
-                                                                options.shape, log=log)
-        study.set_user_attr("baselines", baselines)
-        study.set_user_attr("retimed", [r.as_attr() for r in retimed])
-        record = None
-        best = winner.pick(retimed)
-        if best is not None:
-            own_store = store is None
-            store = store or BestStore(url)
-            try:
-                record = winner.store_best(store, best, options.shape, gpu_name, arch, name, provenance)
-            finally:
-                if own_store:
-                    store.close()
-        return SearchResult(
+        result = SearchResult(
             study_name=name, storage=storage_url.describe(url), gpu_name=gpu_name, arch=arch, shape=options.shape,
-            target=target, evaluated=memory.evaluated, this_run=loop.this_run, counts=counts, asks=loop.asks,
-            stop_reason=stop_reason, top=top[:TOP_N], retimed=retimed, record=record, baselines=baselines,
+            target=target, evaluated=memory.evaluated, this_run=loop.this_run, counts=studies.status_counts(study),
+            asks=loop.asks, stop_reason=stop_reason, top=[],
             idle_seconds=pipeline.idle_for_builds, idle_other_seconds=pipeline.idle_other,
             first_eval_after=pipeline.first_eval_after, build_seconds=pipeline.build_seconds,
             eval_seconds=loop.eval_seconds,
-            wall_seconds=time.monotonic() - started, notes=notes,
         )
+        _finale(result, study, builder, evaluator, options, provenance, store or url, log)
+        result.wall_seconds = time.monotonic() - started
+        return result
     finally:
         if own_evaluator:
             evaluator.close()
+
+
+def _finale(result: SearchResult, study, builder, evaluator, options: SearchOptions, provenance: dict, store,
+            log: Callable[[str], None]) -> None:
+    """Re-time the top configs next to the baselines (one worker session), record both on the study, and store
+    the winner. `store` is a BestStore or the URL to open one at."""
+    from .store import BestStore
+
+    top = studies.top_trials(study, max(TOP_N, options.retime_top))
+    result.top = top[:TOP_N]
+    result.retimed, result.baselines, result.notes = winner.retime_and_baselines(
+        top[:options.retime_top], builder, evaluator, options.shape, log=log)
+    study.set_user_attr("baselines", result.baselines)
+    study.set_user_attr("retimed", [r.as_attr() for r in result.retimed])
+    best = winner.pick(result.retimed)
+    if best is None:
+        return
+    own = isinstance(store, str)
+    store = BestStore(store) if own else store
+    try:
+        result.record = winner.store_best(store, best, options.shape, result.gpu_name, result.arch,
+                                          result.study_name, provenance)
+    finally:
+        if own:
+            store.close()
 
 
 def _run_pipeline(loop: _Loop, options: SearchOptions, batch_size: int) -> tuple[str, Pipeline]:
@@ -312,8 +322,8 @@ def _run_pipeline(loop: _Loop, options: SearchOptions, batch_size: int) -> tuple
     except BaseException:
         loop.abandon("interrupted before it was evaluated")
         raise
-    if leftovers or loop.in_flight:
-        loop.abandon(f"cancelled: --timeout {options.timeout:g} s reached before it was evaluated")
+    if leftovers or loop.in_flight:  # only when should_stop() cut the run short, i.e. --timeout
+        loop.abandon("cancelled: the search stopped (--timeout) before it was evaluated")
     if loop.memory.evaluated >= loop.target:
         reason = f"reached {loop.target} evaluated trials"
     elif not loop.time_left():

@@ -40,6 +40,10 @@ class WorkerStartError(RuntimeError):
     """The child could not start or warm up: every evaluation would fail the same way, so stop the study."""
 
 
+class EvaluatorError(RuntimeError):
+    """A query the search cannot do without (the device's name and arch) failed in the worker."""
+
+
 def resolve(path: str) -> Callable:
     """'package.module:function' → the function (the module is imported)."""
     module_name, sep, attr = path.partition(":")
@@ -443,7 +447,8 @@ class Evaluator:
         result = self.worker.call("autotune.worker:_child_device_info", self.spec, timeout=self.timeout)
         if result.ok:
             return result.value
-        raise RuntimeError(f"device query failed in the evaluation worker: {_last_line(result.reason)}")
+        raise EvaluatorError(f"device query failed in the evaluation worker ({result.status}): "
+                             f"{_last_line(result.reason)}")
 
     def close(self) -> None:
         self.worker.stop()
@@ -455,5 +460,5 @@ class Evaluator:
         self.close()
 
 
-__all__ = ["CallResult", "DEFAULT_EVALUATOR", "EVAL_STATUSES", "EvalOutcome", "Evaluator", "Worker",
+__all__ = ["CallResult", "DEFAULT_EVALUATOR", "EVAL_STATUSES", "EvalOutcome", "Evaluator", "EvaluatorError", "Worker",
            "WorkerStartError", "normalize_evaluation", "resolve", "timing_ms"]

@@ -425,3 +425,16 @@ def test_brute_force_exhaustion_is_reported_not_raised():
         ended.append(trial_mod.tell(study, t, outcome))
     assert ended == [False, True]
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+
+
+def test_trials_left_running_by_a_dead_run_are_failed_on_resume(tmp_path, spy, double):
+    import optuna
+
+    enqueue(storage(tmp_path), "t", [])
+    orphan = load(tmp_path).ask()  # as if a run was killed between ask and tell
+    enqueue(storage(tmp_path), "t", [INVALID])
+    _, lines = search(tmp_path, spy, trials=1, max_asks=1)
+    assert spy.calls == []
+    after = load(tmp_path).trials[orphan.number]
+    assert after.state == optuna.trial.TrialState.FAIL
+    assert any("left running by an earlier run" in line for line in lines)

@@ -116,10 +116,12 @@ def options_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from autotune.build import BuildError
+    from autotune.nvcc import NvccNotFoundError
     from autotune.search import run_search
     from autotune.studies import StudyMismatchError
     from autotune.summary import format_result
-    from autotune.worker import WorkerStartError
+    from autotune.worker import EvaluatorError, WorkerStartError
 
     try:
         options = options_from_args(args)
@@ -137,9 +139,11 @@ def run(args: argparse.Namespace) -> int:
                          "--arch sm_XX` (it builds the valid configs and shows registers and spills).")
     try:
         result = run_search(options)
-    except (StudyMismatchError, WorkerStartError) as err:
+    except (StudyMismatchError, NvccNotFoundError) as err:  # fixable by the command line or the environment
+        return _fail(str(err))
+    except (WorkerStartError, EvaluatorError, BuildError) as err:  # the machinery itself failed
         print(f"autotune search: {err}", file=sys.stderr)
-        return USAGE_ERROR if isinstance(err, StudyMismatchError) else NO_RESULT
+        return NO_RESULT
     except ValueError as err:
         if "dynamic value space" in str(err):  # Optuna: the study's parameters had other choices
             return _fail(f"the study was created with a different design space (axes or domains changed); "
