@@ -22,7 +22,7 @@ REG_OVERHEAD = {False: 8, True: 32}
 AXES = (
     Axis("consumer_wgs", (1, 2, 3), "AT_CONSUMER_WGS",
          "consumer warpgroups (64 query rows each): Br = 64 × consumer_wgs"),
-    Axis("bc", (64, 80, 96, 112, 128, 144, 160, 176, 192), "AT_BC",
+    Axis("bc", (64, 80, 96, 112, 128, 176, 192), "AT_BC",
          "key columns per K/V tile: the N of S = Q·Kᵀ (any multiple of 16 the instruction and smem allow)"),
     Axis("stages", (2, 3, 4), "AT_STAGES", "K/V slots in the TMA/mbarrier shared-memory ring"),
     Axis("setmaxnreg", (True, False), "AT_SETMAXNREG",
