@@ -218,6 +218,8 @@ def valid_configs(problem: Problem, arch: Arch, families: tuple[str, ...] | None
 
 def default_config(problem: Problem, arch: Arch, family: str | None = None) -> Config:
     """The heuristic default: a pure function of problem and arch (used for untuned shapes)."""
-    fam = get_family(family or "mma_sync")
-    return fam.default(problem, arch)
+    if family is None:
+        # The arch's newest family: on sm_90 the Hopper-native one, which measured far ahead (docs/benchmarks.md).
+        family = "wgmma" if "wgmma" in arch.families and "wgmma" in FAMILIES else "mma_sync"
+    return get_family(family).default(problem, arch)
 

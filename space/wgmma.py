@@ -167,15 +167,21 @@ RULES = (head_dim_chunks, bc_multiple_of_16, pingpong_needs_two_consumers, pingp
 
 
 def default(p: Problem, a: Arch) -> Config:
-    """FlashAttention-3's sm90 picks (tile_size_fwd_sm90) in our axes: 2 consumer warpgroups ping-ponging with
-    intra-warpgroup overlap; for d64 three warpgroups (Br = 192) without ping-pong; wider key tiles when not
-    causal."""
+    """The fastest config of a first H200 sweep (benchmarks/h200_sweep.py, 2026-11-29, ~12 sampled wgmma configs
+    per shape; docs/benchmarks.md): 2 consumer warpgroups ping-ponging with intra-warpgroup overlap for d128,
+    3 warpgroups without ping-pong for d64. FlashAttention-3's own picks (Bc 176 for d128) measured slower here.
+    d256 is unmeasured and keeps FA3's Bc 80."""
     if p.head_dim == 64:
-        return Config.make("wgmma", consumer_wgs=3, bc=128, stages=2, setmaxnreg=True, overlap=True,
-                           pingpong=False, o_store="direct", min_blocks=1)
-    bc = {128: 128 if p.causal else 176, 256: 80}[p.head_dim]
-    return Config.make("wgmma", consumer_wgs=2, bc=bc, stages=2, setmaxnreg=True, overlap=True,
-                       pingpong=True, o_store="direct", min_blocks=1)
+        return Config.make("wgmma", consumer_wgs=3, bc=112, stages=4, setmaxnreg=True, overlap=True,
+                           pingpong=False, o_store="smem", min_blocks=1)
+    if p.head_dim == 256:
+        return Config.make("wgmma", consumer_wgs=2, bc=80, stages=2, setmaxnreg=True, overlap=True,
+                           pingpong=True, o_store="direct", min_blocks=1)
+    if p.causal:
+        return Config.make("wgmma", consumer_wgs=2, bc=96, stages=3, setmaxnreg=False, overlap=True,
+                           pingpong=True, o_store="direct", min_blocks=1)
+    return Config.make("wgmma", consumer_wgs=2, bc=128, stages=3, setmaxnreg=True, overlap=True,
+                       pingpong=True, o_store="smem", min_blocks=1)
 
 
 FAMILY = register_family(Family(

@@ -80,7 +80,7 @@ def covering_configs(problem: Problem, arch: space.Arch, seed: int = 0) -> list[
     sample = random.Random(f"{seed}-{problem.key}").sample(everything, min(SAMPLE, len(everything)))
     candidates = [c for c in sample if space.is_valid(c, problem, arch)]
     wanted = {(a.name, v) for a in family.axes for v in a.values}
-    chosen = [space.default_config(problem, arch)]
+    chosen = [space.default_config(problem, arch, FAMILY)]
     covered = set(chosen[0].values)
     while wanted - covered:
         best = max(candidates, key=lambda c: len(set(c.values) - covered), default=None)
@@ -114,7 +114,7 @@ def test_covering_set_meets_every_axis_value_with_every_problem():
     for problem in PROBLEMS:
         configs = [c for p, c in PLAN if p == problem]
         assert all(space.is_valid(c, problem, ARCH) for c in configs), problem.key
-        assert configs[0] == space.default_config(problem, ARCH)
+        assert configs[0] == space.default_config(problem, ARCH, FAMILY)
         for axis in family.axes:
             seen = {getattr(c, axis.name) for c in configs}
             assert seen == set(axis.values), f"{problem.key}: axis {axis.name} covers {seen}, not {axis.values}"
@@ -199,7 +199,7 @@ def test_kernel_matches_reference(builds, worker, problem, config, case):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_evaluate_and_baselines_in_a_worker(builds, worker):
     problem = Problem(128, "fp16", False)
-    build = builds[(problem, space.default_config(problem, ARCH))]
+    build = builds[(problem, space.default_config(problem, ARCH, FAMILY))]
     shape = Shape(batch=1, heads=8, seqlen_q=1024)
     ev = _call(worker, "autotune.measure:evaluate", build, shape, 0, "bhnd", False, 5, 20)
     assert ev.status == "complete", ev.reason
@@ -217,7 +217,7 @@ def test_attention_with_allocates_outputs_and_rejects_bad_inputs(builds):
     from autotune.reference import reference_attention
 
     problem = Problem(64, "bf16", True)
-    build = builds[(problem, space.default_config(problem, ARCH))]
+    build = builds[(problem, space.default_config(problem, ARCH, FAMILY))]
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(2, 4, 333, 64, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     o, lse = attention_with(build, q, k, v, return_lse=True)
