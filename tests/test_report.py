@@ -431,6 +431,12 @@ def test_cli_report_on_an_empty_storage(tmp_path, capsys):
     assert rc == 2 and "holds no studies yet" in err
 
 
+def test_cli_report_without_the_extra_says_how_to_install(monkeypatch, two_studies, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    rc, _, err = _report(capsys, "--storage", two_studies)
+    assert rc == 2 and "matplotlib" in err and "pip install 'autotune[report]'" in err
+
+
 # ------------------------------------------------------------------------------------------- dashboard
 def test_dashboard_without_the_extra_says_how_to_install(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "optuna_dashboard", None)  # makes `import optuna_dashboard` fail

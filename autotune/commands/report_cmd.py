@@ -34,6 +34,12 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    missing = _missing_extra()
+    if missing:
+        print(f"autotune report: needs {missing}, from the optional `report` extra; install it with\n"
+              "  pip install 'autotune[report]'   (or: pip install plotly matplotlib)", file=sys.stderr)
+        return USAGE_ERROR
+
     import optuna
 
     from autotune import storage_url
@@ -57,6 +63,16 @@ def run(args: argparse.Namespace) -> int:
         pngs = f" and {len(files.pngs)} PNGs beside it" if files.pngs else ""
         print(f"{entry.name}: wrote {files.html}{pngs}")
     return 0
+
+
+def _missing_extra() -> str | None:
+    """plotly and matplotlib are an optional extra of the package: say so instead of a traceback."""
+    for module in ("plotly", "matplotlib"):
+        try:
+            __import__(module)
+        except ImportError:
+            return module
+    return None
 
 
 def existing_storage_url(explicit: str | None, command: str) -> str | None:
