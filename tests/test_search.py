@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -438,3 +439,87 @@ def test_trials_left_running_by_a_dead_run_are_failed_on_resume(tmp_path, spy, d
     after = load(tmp_path).trials[orphan.number]
     assert after.state == optuna.trial.TrialState.FAIL
     assert any("left running by an earlier run" in line for line in lines)
+
+
+# ---- the scheduler on its own ---------------------------------------------------------------------------------
+
+class FakeStages:
+    """Stages with sleeps for compile and GPU time; records what happened when."""
+
+    def __init__(self, n: int, build_s: float = 0.3, eval_s: float = 0.08, stop_after: int | None = None):
+        self.n, self.asked, self.build_s, self.eval_s, self.stop_after = n, 0, build_s, eval_s, stop_after
+        self.events: list[tuple] = []
+        self.evaluating: tuple | None = None
+        self.building = 0
+        self.finished: list[int] = []
+
+    def can_ask(self):
+        return self.asked < self.n
+
+    def ask(self):
+        self.asked += 1
+        self.events.append(("ask", self.asked, self.evaluating is not None))
+        return self.asked if self.asked % 4 else None  # every 4th ask is settled on the spot (invalid, repeat)
+
+    def build(self, items):
+        self.building += 1
+        self.events.append(("build", tuple(items), self.evaluating is not None))
+        time.sleep(self.build_s)
+        self.building -= 1
+        return [f"cubin{i}" for i in items]
+
+    def judge_built(self, item, built):
+        assert built == f"cubin{item}"
+        if item % 5 == 0:  # e.g. spilled: decided without the GPU
+            self.finished.append(item)
+            return True
+        return False
+
+    def start_eval(self, item, built):
+        assert self.evaluating is None, "one evaluation at a time"
+        self.evaluating = (item, time.monotonic())
+        self.events.append(("eval", item, self.building > 0))
+
+    def poll_eval(self, block_for):
+        item, t0 = self.evaluating
+        left = t0 + self.eval_s - time.monotonic()
+        if left > 0:
+            time.sleep(left if block_for is None else min(left, block_for))
+        return "done" if time.monotonic() >= t0 + self.eval_s else None
+
+    def finish_eval(self, item, built, result):
+        assert result == "done" and self.evaluating[0] == item
+        self.evaluating = None
+        self.finished.append(item)
+
+    def should_stop(self):
+        return self.stop_after is not None and len(self.finished) >= self.stop_after
+
+
+def test_pipeline_overlaps_asking_building_and_evaluating():
+    from autotune.scheduler import Pipeline
+
+    stages = FakeStages(24)
+    pipeline = Pipeline(stages, batch_size=3)
+    assert pipeline.run() == []
+    expected = [i for i in range(1, 25) if i % 4]
+    assert sorted(stages.finished) == expected                 # every item judged once
+    evals = [e[1] for e in stages.events if e[0] == "eval"]
+    assert evals == sorted(evals)                              # the GPU takes them in the order asked
+    assert any(e[0] == "ask" and e[2] for e in stages.events)  # asking while the GPU works
+    assert any(e[0] == "build" and e[2] for e in stages.events)  # compiling while the GPU works
+    assert any(e[0] == "eval" and e[2] for e in stages.events)   # evaluating while the compiler works
+    assert max(len(e[1]) for e in stages.events if e[0] == "build") == 3
+    # the first build cannot overlap anything: the GPU waited for it, and that is charged to the builds
+    assert pipeline.idle_for_builds >= stages.build_s * 0.9
+    assert pipeline.evaluations == len([i for i in expected if i % 5])
+
+
+def test_pipeline_stop_lets_the_running_evaluation_finish_and_returns_the_rest():
+    from autotune.scheduler import Pipeline
+
+    stages = FakeStages(40, build_s=0.05, stop_after=3)
+    leftovers = Pipeline(stages, batch_size=4).run()
+    assert stages.evaluating is None and len(stages.finished) >= 3
+    assert leftovers and not set(leftovers) & set(stages.finished)
+    assert len(stages.finished) + len(leftovers) == len([i for i in range(1, stages.asked + 1) if i % 4])
