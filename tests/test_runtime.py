@@ -24,14 +24,15 @@ GPU = "FAKE GPU (tests only)"
 ARCH = space.get_arch("sm_90")
 SM86 = space.get_arch("sm_86")
 PROBLEM = space.Problem(head_dim=128, dtype="fp16", causal=False)
-DEFAULT = space.default_config(PROBLEM, ARCH)
+DEFAULT = space.default_config(PROBLEM, ARCH)  # the heuristic (wgmma family on sm_90)
+MMA = space.default_config(PROBLEM, ARCH, "mma_sync")
 # Distinct valid configs, so that each test can tell which row was chosen.
-CFG_A = DEFAULT.replace(br=64, bc=64, warps_m=4)
-CFG_B = DEFAULT.replace(br=128, bc=32, warps_m=8)
-CFG_C = DEFAULT.replace(kv_buffering="shared")
-CFG_D = DEFAULT.replace(min_blocks=2, bc=32)
+CFG_A = MMA.replace(br=64, bc=64, warps_m=4)
+CFG_B = MMA.replace(br=128, bc=32, warps_m=8)
+CFG_C = MMA.replace(kv_buffering="shared")
+CFG_D = MMA.replace(min_blocks=2, bc=32)
 # Valid on sm_90, too much shared memory for sm_86's 99 KB opt-in limit.
-BIG_SMEM = DEFAULT.replace(br=64, bc=128, kv_buffering="double")
+BIG_SMEM = MMA.replace(br=64, bc=128, kv_buffering="double")
 FIXTURE_TABLE = Path(__file__).parent / "data" / "tuned" / "fake_gpu.json"
 
 
@@ -110,7 +111,7 @@ def test_heuristic_when_no_row_matches_gpu_arch_dtype_head_dim_or_causal(tmp_pat
         entry(s, CFG_A, gpu="NVIDIA A100"),
         entry(s, CFG_A, arch=space.get_arch("sm_100")),
         entry(space.Shape(4, 16, 4096, head_dim=128, dtype="bf16"), CFG_A),
-        entry(space.Shape(4, 16, 4096, head_dim=64), DEFAULT.replace(bc=64)),
+        entry(space.Shape(4, 16, 4096, head_dim=64), MMA.replace(bc=64)),
         entry(space.Shape(4, 16, 4096, head_dim=128, causal=True), CFG_A),
     ]
     store_rows(db, *others)
