@@ -46,7 +46,7 @@ class ProgressPrinter:
             self._new_best(number, config.key, value)
         if outcome.status == "complete":
             ms = outcome.attrs.get("time_ms")
-            what = f"{value:7.1f} TFLOPS" + (f" {ms:.3f} ms" if ms else "")
+            what = f"{value:7.1f} TFLOPS" + (f" {ms:.4f} ms" if ms else "")
         else:
             what = _short(outcome.reason, 70)
         if SAME_CUBIN_AS in outcome.attrs:
@@ -88,8 +88,8 @@ def format_result(r) -> str:
     for t in r.top:
         a = t.user_attrs
         spill = (a.get("spill_stores") or 0) + (a.get("spill_loads") or 0)
-        lines.append(f"  {'trial #' + str(t.number):<16} {_fmt(t.value, '8.1f'):>8} {_fmt(a.get('time_ms'), '8.3f'):>8} "
-                     f"{_fmt(a.get('time_spread_ms'), '7.3f'):>7} {_fmt(a.get('registers'), 'd'):>5} {spill:>6} "
+        lines.append(f"  {'trial #' + str(t.number):<16} {_fmt(t.value, '8.1f'):>8} {_fmt(a.get('time_ms'), '8.4f'):>8} "
+                     f"{_fmt(a.get('time_spread_ms'), '7.4f'):>7} {_fmt(a.get('registers'), 'd'):>5} {spill:>6} "
                      f"{_fmt(a.get('blocks_per_sm'), 'd'):>6}  {a.get('config_key')}")
     if not r.top:
         lines.append("  (no trial completed)")
@@ -105,8 +105,8 @@ def format_result(r) -> str:
         for x in r.retimed:
             o = x.outcome
             if o.status == "complete":
-                lines.append(f"    #{x.number:<5} {o.tflops:8.1f} TFLOPS  {_fmt(o.time_ms, '.3f')} ms "
-                             f"± {_fmt(o.spread_ms, '.3f')}  (trial said {x.trial_tflops:.1f})")
+                lines.append(f"    #{x.number:<5} {o.tflops:8.1f} TFLOPS  {_fmt(o.time_ms, '.4f')} ms "
+                             f"± {_fmt(o.spread_ms, '.4f')}  (trial said {x.trial_tflops:.1f})")
             else:
                 lines.append(f"    #{x.number:<5} {o.status}: {_short(o.reason, 80)}")
     for note in r.notes:

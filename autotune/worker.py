@@ -198,7 +198,7 @@ class Worker:
             if deadline is None or time.monotonic() < deadline:
                 return None
             self._inflight = None
-            self.stop()
+            self.stop(graceful=False)  # it is stuck: asking it to quit would only add seconds
             return CallResult("timeout", reason=f"no result within {timeout:g} s; worker killed",
                               seconds=time.monotonic() - t0)
         self._inflight = None
@@ -221,19 +221,21 @@ class Worker:
         self.submit(target, *args, timeout=timeout)
         return self.wait(None)
 
-    def stop(self) -> None:
-        """End the child (politely, then by force) and forget it."""
+    def stop(self, graceful: bool = True) -> None:
+        """End the child (politely if graceful and it is idle, then by force) and forget it."""
         process, conn = self._process, self._conn
+        graceful = graceful and self._inflight is None
         self._process = self._conn = None
         self._inflight = None
-        if conn is not None:
+        if conn is not None and graceful:
             try:
                 if process is not None and process.is_alive():
                     conn.send(None)
             except (BrokenPipeError, OSError):
                 pass
         if process is not None:
-            process.join(2)
+            if graceful:
+                process.join(2)
             if process.is_alive():
                 process.terminate()
                 process.join(5)
