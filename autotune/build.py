@@ -177,6 +177,14 @@ class _Target:
 
 
 class Builder:
+    """Compiles (config, problem) pairs for one arch into the kernel cache.
+
+    arch: a space.Arch or its name; cache_dir: default $AUTOTUNE_CACHE_DIR, else ~/.cache/autotune/kernels;
+    jobs: parallel nvcc calls (default: CPU count); nvcc: default find_nvcc(); kernels_dir: default the
+    installed kernel sources; timeout_s: per-compile limit; extra_flags: appended to the nvcc flags (and to
+    the cache key); check_rules=False sends configs that space/ rejects to the compiler anyway (for tests).
+    """
+
     def __init__(self, arch: Arch | str, cache_dir: str | os.PathLike | None = None, jobs: int | None = None,
                  nvcc: str | os.PathLike | None = None, kernels_dir: str | os.PathLike | None = None,
                  timeout_s: float = 600, extra_flags: Sequence[str] = (), check_rules: bool = True):

@@ -16,7 +16,7 @@ from autotune.nvcc import find_nvcc
 
 PROBLEM = space.Problem(head_dim=64)
 ARCH = space.get_arch("sm_90")
-DEFAULT = space.default_config(PROBLEM, ARCH)
+DEFAULT = space.default_config(PROBLEM, ARCH, "mma_sync")
 # rows_per_warp: 64 query rows cannot be split into 8 warps of 16
 BAD_ROWS = DEFAULT.replace(br=64, warps_m=8)
 
@@ -177,7 +177,7 @@ def test_bad_arguments_name_the_argument(tmp_path):
 def test_build_command_prints_the_report_then_hits_the_cache(capsys, build_cache_dir):
     from autotune.cli import main
 
-    argv = ["build", "--head-dim", "64", "--arch", "sm_90", "--cache-dir", str(build_cache_dir)]
+    argv = ["build", "--head-dim", "64", "--arch", "sm_90", "--family", "mma_sync", "--cache-dir", str(build_cache_dir)]
     assert main(argv) == 0
     assert main(argv) == 0
     first, second = capsys.readouterr().out.split("config ")[1:]

@@ -14,6 +14,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--config", default=None, metavar="KEY",
                    help="config key as printed by `autotune space`, e.g. 'mma_sync:br=128,bc=64,...' "
                         "(default: the heuristic default for the problem and arch)")
+    p.add_argument("--family", default=None,
+                   help="family of the default config when --config is not given (default: the arch's newest)")
     add_problem_arguments(p)
     p.set_defaults(run=run)
 
@@ -36,7 +38,11 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return USAGE_ERROR
     else:
-        config = space.default_config(problem, arch)
+        try:
+            config = space.default_config(problem, arch, args.family)
+        except ValueError as e:
+            print(f"autotune build: --family: {e}", file=sys.stderr)
+            return USAGE_ERROR
 
     try:
         builder = Builder(arch, cache_dir=args.cache_dir)
