@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import space
-from space import Arch, Config, Problem
+from space import Config, Problem
 
 from .occupancy import blocks_per_sm
 from .sampling import set_constraint_supported

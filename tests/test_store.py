@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
-from pathlib import Path
 
 import pytest
 
