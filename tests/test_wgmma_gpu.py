@@ -113,7 +113,7 @@ def builds(tmp_path_factory):
     from autotune.build import Builder
 
     cache = os.environ.get("AUTOTUNE_TEST_CACHE_DIR") or tmp_path_factory.mktemp("kernel-cache")
-    results = Builder(ARCH, cache_dir=cache, jobs=os.cpu_count()).build(list(PLAN))
+    results = Builder(ARCH, cache_dir=cache, jobs=os.cpu_count()).build([(c, p) for p, c in PLAN])
     return {(r.problem, r.config): r for r in results}
 
 
