@@ -6,8 +6,10 @@ messages, and tests/test_space_vs_compiler.py compiles a sample to check that bo
 from __future__ import annotations
 
 from .arch import Arch
-from .config import Axis, Config, Family, Layout, Rule, register_family
+from .config import Axis, Config, Family, Layout, register_family
 from .problem import Problem
+from .resource_rules import (min_blocks_smem, rule, smem_optin_limit, static_smem_limit, threads_per_block,
+                             threads_per_sm)
 
 ELEM_BYTES = 2   # fp16 / bf16
 SMEM_PAD = 8     # elements of padding per shared-memory row: rows shift by 16 B, so ldmatrix hits all banks
@@ -58,65 +60,28 @@ def layout(c: Config, p: Problem) -> Layout:
     return Layout(threads=threads, smem_static=static, smem_dynamic=dynamic, rows_per_block=c.br)
 
 
-def _rule(name, doc):
-    def deco(fn):
-        return Rule(name, fn, doc)
-    return deco
-
-
-@_rule("rows_per_warp", "BR / WARPS_M must be a multiple of 16 (the mma M dimension)")
+@rule("rows_per_warp", "BR / WARPS_M must be a multiple of 16 (the mma M dimension)")
 def rows_per_warp(c, p, a, lay):
     if c.br % (c.warps_m * 16):
         return f"br={c.br} is not a multiple of 16·warps_m={16 * c.warps_m}"
 
 
-@_rule("cols_per_warp", "BC / WARPS_N must be a multiple of 16 (two n8 tiles per ldmatrix.x4, k16 of P·V)")
+@rule("cols_per_warp", "BC / WARPS_N must be a multiple of 16 (two n8 tiles per ldmatrix.x4, k16 of P·V)")
 def cols_per_warp(c, p, a, lay):
     if c.bc % (c.warps_n * 16):
         return f"bc={c.bc} is not a multiple of 16·warps_n={16 * c.warps_n}"
 
 
-@_rule("p_regs_one_warp_per_row", "P kept in registers needs one warp per row strip (WARPS_N == 1)")
+@rule("p_regs_one_warp_per_row", "P kept in registers needs one warp per row strip (WARPS_N == 1)")
 def p_regs_one_warp_per_row(c, p, a, lay):
     if c.p_path == "regs" and c.warps_n != 1:
         return f"p_path=regs needs warps_n=1, got warps_n={c.warps_n}"
 
 
-@_rule("out_cols_per_warp", "HEAD_DIM / WARPS_N must be a multiple of 16 (O columns per warp)")
+@rule("out_cols_per_warp", "HEAD_DIM / WARPS_N must be a multiple of 16 (O columns per warp)")
 def out_cols_per_warp(c, p, a, lay):
     if p.head_dim % (c.warps_n * 16):
         return f"head_dim={p.head_dim} is not a multiple of 16·warps_n={16 * c.warps_n}"
-
-
-@_rule("threads_per_block", "at most 1024 threads per block")
-def threads_per_block(c, p, a, lay):
-    if lay.threads > a.max_threads_per_block:
-        return f"{lay.threads} threads > {a.max_threads_per_block}"
-
-
-@_rule("threads_per_sm", "THREADS × MIN_BLOCKS must fit the SM's thread slots")
-def threads_per_sm(c, p, a, lay):
-    if lay.threads * c.min_blocks > a.max_threads_per_sm:
-        return f"{lay.threads} threads × min_blocks {c.min_blocks} > {a.max_threads_per_sm} per SM on {a.name}"
-
-
-@_rule("static_smem_limit", "static shared memory is limited to 48 KB")
-def static_smem_limit(c, p, a, lay):
-    if lay.smem_static > a.static_smem_limit:
-        return f"static smem {lay.smem_static} B > {a.static_smem_limit} B"
-
-
-@_rule("smem_optin_limit", "total shared memory must fit the per-block opt-in limit of the arch")
-def smem_optin_limit(c, p, a, lay):
-    if lay.smem_total > a.smem_optin_per_block:
-        return f"smem {lay.smem_total} B > {a.smem_optin_per_block} B opt-in limit on {a.name}"
-
-
-@_rule("min_blocks_smem", "MIN_BLOCKS CTAs must fit the SM's shared memory together")
-def min_blocks_smem(c, p, a, lay):
-    need = c.min_blocks * (lay.smem_total + a.smem_reserved_per_block)
-    if c.min_blocks > 1 and need > a.smem_per_sm:
-        return f"min_blocks {c.min_blocks} × ({lay.smem_total} + {a.smem_reserved_per_block}) B > {a.smem_per_sm} B per SM"
 
 
 def accumulator_registers(c: Config, p: Problem) -> int:
@@ -133,7 +98,7 @@ def register_cap(threads: int, min_blocks: int) -> int:
     return min(255, (65536 // (threads * min_blocks)) // 8 * 8)
 
 
-@_rule("accumulators_fit_registers", "O + S (+ Q) accumulators per thread must fit the launch-bounds register cap")
+@rule("accumulators_fit_registers", "O + S (+ Q) accumulators per thread must fit the launch-bounds register cap")
 def accumulators_fit_registers(c, p, a, lay):
     if c.br % (c.warps_m * 16) or c.bc % (c.warps_n * 16) or p.head_dim % (c.warps_n * 16):
         return None  # the shape rules above already reject it

@@ -6,8 +6,10 @@ messages, and tests/test_wgmma_compile.py compiles a sample to check that both s
 from __future__ import annotations
 
 from .arch import Arch
-from .config import Axis, Config, Family, Layout, Rule, register_family
+from .config import Axis, Config, Family, Layout, register_family
 from .problem import Problem
+from .resource_rules import (min_blocks_smem, rule, smem_optin_limit, static_smem_limit, threads_per_block,
+                             threads_per_sm)
 
 ELEM_BYTES = 2         # fp16 / bf16
 ROWS_PER_WG = 64       # the M of wgmma: each consumer warpgroup owns 64 query rows
@@ -80,80 +82,43 @@ def accumulator_registers(c: Config, p: Problem) -> int:
     return c.bc // 2 + p.head_dim // 2 + c.bc // 4 + REG_OVERHEAD[c.overlap]
 
 
-def _rule(name, doc):
-    def deco(fn):
-        return Rule(name, fn, doc)
-    return deco
-
-
-@_rule("head_dim_chunks", "head_dim must be a multiple of 64 (TMA boxes one 128-byte swizzle span wide)")
+@rule("head_dim_chunks", "head_dim must be a multiple of 64 (TMA boxes one 128-byte swizzle span wide)")
 def head_dim_chunks(c, p, a, lay):
     if p.head_dim % SWIZZLE_COLS:
         return f"head_dim={p.head_dim} is not a multiple of {SWIZZLE_COLS}"
 
 
-@_rule("bc_multiple_of_16", "Bc must be a multiple of 16 in [16, 256] (k16 steps of P·V, wgmma N, TMA box)")
+@rule("bc_multiple_of_16", "Bc must be a multiple of 16 in [16, 256] (k16 steps of P·V, wgmma N, TMA box)")
 def bc_multiple_of_16(c, p, a, lay):
     if c.bc % 16 or not 16 <= c.bc <= 256:
         return f"bc={c.bc} is not a multiple of 16 in [16, 256]"
 
 
-@_rule("pingpong_needs_two_consumers", "ping-pong alternates exactly two consumer warpgroups")
+@rule("pingpong_needs_two_consumers", "ping-pong alternates exactly two consumer warpgroups")
 def pingpong_needs_two_consumers(c, p, a, lay):
     if c.pingpong and c.consumer_wgs != 2:
         return f"pingpong needs consumer_wgs=2, got {c.consumer_wgs}"
 
 
-@_rule("pingpong_needs_overlap", "a ping-pong turn is the S(n) + P(n-1)·V(n-1) issue of the overlapped loop")
+@rule("pingpong_needs_overlap", "a ping-pong turn is the S(n) + P(n-1)·V(n-1) issue of the overlapped loop")
 def pingpong_needs_overlap(c, p, a, lay):
     if c.pingpong and not c.overlap:
         return "pingpong needs overlap=True"
 
 
-@_rule("setmaxnreg_needs_two_consumers", "with one consumer warpgroup every thread already gets 255 registers")
+@rule("setmaxnreg_needs_two_consumers", "with one consumer warpgroup every thread already gets 255 registers")
 def setmaxnreg_needs_two_consumers(c, p, a, lay):
     if c.setmaxnreg and c.consumer_wgs < 2:
         return f"setmaxnreg needs consumer_wgs >= 2, got {c.consumer_wgs}"
 
 
-@_rule("setmaxnreg_one_block", "register reallocation needs __launch_bounds__(threads, 1)")
+@rule("setmaxnreg_one_block", "register reallocation needs __launch_bounds__(threads, 1)")
 def setmaxnreg_one_block(c, p, a, lay):
     if c.setmaxnreg and c.min_blocks != 1:
         return f"setmaxnreg needs min_blocks=1, got {c.min_blocks}"
 
 
-@_rule("threads_per_block", "at most 1024 threads per block")
-def threads_per_block(c, p, a, lay):
-    if lay.threads > a.max_threads_per_block:
-        return f"{lay.threads} threads > {a.max_threads_per_block}"
-
-
-@_rule("threads_per_sm", "THREADS × MIN_BLOCKS must fit the SM's thread slots")
-def threads_per_sm(c, p, a, lay):
-    if lay.threads * c.min_blocks > a.max_threads_per_sm:
-        return f"{lay.threads} threads × min_blocks {c.min_blocks} > {a.max_threads_per_sm} per SM on {a.name}"
-
-
-@_rule("static_smem_limit", "static shared memory is limited to 48 KB")
-def static_smem_limit(c, p, a, lay):
-    if lay.smem_static > a.static_smem_limit:
-        return f"static smem {lay.smem_static} B > {a.static_smem_limit} B"
-
-
-@_rule("smem_optin_limit", "total shared memory must fit the per-block opt-in limit of the arch")
-def smem_optin_limit(c, p, a, lay):
-    if lay.smem_total > a.smem_optin_per_block:
-        return f"smem {lay.smem_total} B > {a.smem_optin_per_block} B opt-in limit on {a.name}"
-
-
-@_rule("min_blocks_smem", "MIN_BLOCKS CTAs must fit the SM's shared memory together")
-def min_blocks_smem(c, p, a, lay):
-    need = c.min_blocks * (lay.smem_total + a.smem_reserved_per_block)
-    if c.min_blocks > 1 and need > a.smem_per_sm:
-        return f"min_blocks {c.min_blocks} × ({lay.smem_total} + {a.smem_reserved_per_block}) B > {a.smem_per_sm} B per SM"
-
-
-@_rule("accumulators_fit_registers", "S + O + P (+ overhead) per consumer thread must fit its register budget")
+@rule("accumulators_fit_registers", "S + O + P (+ overhead) per consumer thread must fit its register budget")
 def accumulators_fit_registers(c, p, a, lay):
     budget = consumer_registers(c.consumer_wgs) if c.setmaxnreg else register_cap(lay.threads, c.min_blocks)
     need = accumulator_registers(c, p)
