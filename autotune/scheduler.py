@@ -84,6 +84,9 @@ class Stages(Protocol):
     def poll_eval(self, block_for: float | None) -> Any | None: ...  # the result, or None while running
     def finish_eval(self, item, built, result) -> None: ...
     def should_stop(self) -> bool: ...             # stop evaluating (e.g. --timeout); leftovers are returned
+    # Optional: nothing left here, but other processes on the same study may still hand work back (a shared
+    # storage). True: it waited a little, look again; False (or absent): the run is over.
+    def wait_for_others(self) -> bool: ...
 
 
 class Pipeline:
@@ -173,6 +176,9 @@ class Pipeline:
                     building = []
                     continue
                 if not asking and not ready:
+                    wait = getattr(st, "wait_for_others", None)
+                    if wait is not None and wait():
+                        continue
                     break  # nothing asked, built, or running, and nothing more to ask
         finally:
             ahead.close()

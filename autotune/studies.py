@@ -20,6 +20,7 @@ from . import trial as trial_mod
 from .trial import Outcome
 
 STUDY_ATTRS = ("shape", "arch", "gpu_name", "kernel_source_hash", "nvcc_version")
+DIED_REASON = "died: left running by an earlier search run that stopped (killed, power loss)"
 
 
 class StudyMismatchError(ValueError):
@@ -63,16 +64,25 @@ def open_study(name: str, storage, sampler, shape: Shape, arch: Arch, gpu_name: 
     return study
 
 
-def fail_stale_running(study, log=print) -> int:
+def fail_stale_running(study, log=print, on_failed=None) -> int:
     """Trials left RUNNING by an earlier run that died (kill -9, power) are finished as FAIL so they stop
-    counting as in-flight guesses. One search process per study is assumed (the default name makes that easy)."""
+    counting as in-flight guesses, and `on_failed(study, frozen_trial)` re-queues those that had a config.
+    Only for a study with one search process (SQLite; peers.py): on a shared storage another process's live
+    trials are RUNNING too, and only the heartbeat tells the dead from the living."""
     from optuna.trial import TrialState
 
     stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for t in stale:
-        trial_mod.abandon(study, t.number, "interrupted: left running by an earlier search run")
+        try:
+            study._storage.set_trial_user_attr(t._trial_id, "reason", DIED_REASON)
+        except Exception:  # finished meanwhile: nothing to mark
+            continue
+        trial_mod.abandon(study, t.number, DIED_REASON)
+        if on_failed is not None and t.params:
+            on_failed(study, study._storage.get_trial(t._trial_id))
     if stale:
-        log(f"note: {len(stale)} trial(s) left running by an earlier run were marked failed")
+        again = " and re-queued once" if on_failed is not None else ""
+        log(f"note: {len(stale)} trial(s) left running by an earlier run were marked failed{again}")
     return len(stale)
 
 
@@ -88,13 +98,22 @@ class StudyMemory:
 
     by_config: dict[str, Judged] = field(default_factory=dict)
     by_cubin: dict[tuple, Judged] = field(default_factory=dict)
+    seen: set[int] = field(default_factory=set)  # trial numbers absorbed (finished trials never change)
 
     @classmethod
     def load(cls, study, problem) -> "StudyMemory":
+        memory = cls()
+        memory.absorb(study.get_trials(deepcopy=False), problem)
+        return memory
+
+    def absorb(self, trials, problem) -> None:
+        """Remember the finished trials not seen yet (other processes' results, on a shared storage)."""
         from optuna.trial import TrialState
 
-        memory = cls()
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+        for t in trials:
+            if t.number in self.seen or t.state not in (TrialState.COMPLETE, TrialState.PRUNED):
+                continue
+            self.seen.add(t.number)
             outcome = trial_mod.from_trial(t)
             if outcome is None or outcome.status == "invalid":
                 continue
@@ -104,8 +123,7 @@ class StudyMemory:
                 config = Config.from_key(outcome.attrs["config_key"])
             except (KeyError, ValueError):
                 continue  # the space changed since: that config no longer exists
-            memory.remember(t.number, config, problem, outcome)
-        return memory
+            self.remember(t.number, config, problem, outcome)
 
     def remember(self, number: int, config: Config, problem, outcome: Outcome) -> None:
         judged = Judged(number, outcome)
@@ -130,15 +148,21 @@ def cubin_key(cubin_hash: str | None, config: Config, problem) -> tuple | None:
 
 def status_counts(study) -> Counter:
     """Finished trials by status. Repeats of a config already judged count as `repeated` (they ran nothing);
-    trials abandoned before being judged (interrupt, --timeout) as `cancelled`."""
+    trials abandoned before being judged (interrupt, --timeout) as `cancelled`; trials skipped because another
+    process was evaluating the same config as `deferred`; trials of a process that died (failed by the
+    heartbeat check, so nobody could give a reason) as `died`."""
     counts: Counter = Counter()
     for t in study.get_trials(deepcopy=False):
         if not t.state.is_finished():
             continue
         if trial_mod.DUPLICATE_OF in t.user_attrs:
             counts["repeated"] += 1
+        elif t.state.name == "FAIL":
+            attrs, reason = t.user_attrs, t.user_attrs.get("reason") or ""
+            counts["deferred" if trial_mod.RUNNING_IN in attrs else
+                   "died" if not reason or reason.startswith("died:") else "cancelled"] += 1
         else:
-            counts[t.user_attrs.get("status") or ("cancelled" if t.state.name == "FAIL" else t.state.name.lower())] += 1
+            counts[t.user_attrs.get("status") or t.state.name.lower()] += 1
     return counts
 
 
@@ -162,6 +186,8 @@ def quiet_optuna() -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    # Ask-and-tell with heartbeats is what peers.py does on purpose (it beats for every trial in flight).
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
 
 __all__ = ["STUDY_ATTRS", "StudyMemory", "StudyMismatchError", "cubin_key", "default_study_name", "fail_stale_running",

@@ -37,6 +37,10 @@ CONSTRAINT_NAME = "feasible"
 # Extra user attrs on trials that reuse an earlier trial's result instead of running again.
 DUPLICATE_OF = "duplicate_of"     # same config as that trial
 SAME_CUBIN_AS = "same_cubin_as"   # different config, identical cubin and launch geometry
+# On FAIL trials, shared storages only (peers.py): the config was being evaluated by that trial in another process.
+RUNNING_IN = "running_in"
+# On a trial re-recorded because the process's own trial was failed under it (missed heartbeats): the lost number.
+LATE_FOR = "late_for"
 # How far from feasible each failure is (positive = infeasible). When few trials succeed, TPE's "good" group
 # is filled from the least infeasible: a spilling kernel is nearer to a good one than a config that crashed.
 SEVERITY = {"complete": 0.0, "spilled": 1.0, "wrong": 2.0, "compile_error": 3.0, "crashed": 4.0, "timeout": 4.0,
@@ -174,7 +178,7 @@ def from_trial(trial) -> Outcome | None:
         return None
     if status == "complete" and not _finite(attrs.get("tflops")):
         return None
-    keep = {k: v for k, v in attrs.items() if k != CONSTRAINT_ATTR and k not in (DUPLICATE_OF, SAME_CUBIN_AS)}
+    keep = {k: v for k, v in attrs.items() if k != CONSTRAINT_ATTR and k not in (DUPLICATE_OF, SAME_CUBIN_AS, LATE_FOR)}
     return Outcome(status, attrs.get("reason") or "", keep)
 
 
@@ -187,7 +191,25 @@ def tell(study, trial, outcome: Outcome) -> bool:
 
     Returns True when the sampler says the space is exhausted: BruteForceSampler calls study.stop() from
     after_trial, which outside optimize() raises — after the trial's state has been stored.
+
+    On a shared storage another process may have failed the trial meanwhile (this process missed its heartbeats
+    for longer than the grace period: a stalled host). The measurement is then kept as a new finished trial
+    with the same params, marked `late_for`, rather than dropped.
     """
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    try:
+        return _tell(study, trial, outcome)
+    except UpdateFinishedTrialError:
+        _add_late(study, trial, outcome)
+    except ValueError as e:  # Optuna read the trial as finished before writing: "Cannot tell a FAIL trial."
+        if "Cannot tell a " not in str(e):
+            raise
+        _add_late(study, trial, outcome)
+    return False
+
+
+def _tell(study, trial, outcome: Outcome) -> bool:
     from optuna.trial import TrialState
 
     for key, value in outcome.attrs.items():
@@ -208,6 +230,34 @@ def tell(study, trial, outcome: Outcome) -> bool:
     return False
 
 
+def _add_late(study, trial, outcome: Outcome) -> int:
+    """The outcome as a new finished trial with `trial`'s params; returns its number."""
+    import optuna
+    from optuna.trial import TrialState
+
+    frozen = study._storage.get_trial(trial._trial_id)
+    attrs = {k: v for k, v in outcome.attrs.items() if v is not None}
+    attrs.update({CONSTRAINT_ATTR: [outcome.constraint], LATE_FOR: trial.number})
+    complete = outcome.status == "complete"
+    extra = {"constraints": {CONSTRAINT_NAME: outcome.constraint}} if set_constraint_supported() else {}
+    template = optuna.trial.create_trial(
+        state=TrialState.COMPLETE if complete else TrialState.PRUNED, value=outcome.value if complete else None,
+        params=frozen.params, distributions=frozen.distributions, user_attrs=attrs, **extra)
+    trial_id = study._storage.create_new_trial(study._study_id, template_trial=template)
+    return study._storage.get_trial(trial_id).number
+
+
+def defer(study, trial, config: Config, owner: int | None) -> None:
+    """Finish a trial whose config another process is evaluating right now (shared storages): FAIL, so it
+    does not count toward --trials and no sampler learns from it twice; the owner's result stands."""
+    from optuna.trial import TrialState
+
+    trial.set_user_attr("config_key", config.key)
+    trial.set_user_attr(RUNNING_IN, owner)
+    trial.set_user_attr("reason", f"skipped: trial #{owner} in another process is evaluating this config")
+    study.tell(trial, state=TrialState.FAIL)
+
+
 def abandon(study, trial, reason: str) -> None:  # trial: optuna Trial or trial number
     """Finish a trial that was asked but never judged (interrupt, --timeout): FAIL, so no sampler learns
     from it and a later run does not count it; its config may be proposed again."""
@@ -221,6 +271,6 @@ def abandon(study, trial, reason: str) -> None:  # trial: optuna Trial or trial 
         pass
 
 
-__all__ = ["CONSTRAINT_ATTR", "DUPLICATE_OF", "Outcome", "SAME_CUBIN_AS", "STATUSES", "SpillPolicy", "USER_ATTRS",
-           "abandon", "after_build", "after_eval", "build_attrs", "config_attrs", "from_trial", "invalid",
-           "reused", "tell"]
+__all__ = ["CONSTRAINT_ATTR", "DUPLICATE_OF", "LATE_FOR", "Outcome", "RUNNING_IN", "SAME_CUBIN_AS", "STATUSES",
+           "SpillPolicy", "USER_ATTRS", "abandon", "after_build", "after_eval", "build_attrs", "config_attrs", "defer",
+           "from_trial", "invalid", "reused", "tell"]

@@ -74,7 +74,13 @@ class CallResult:
         return self.status == "ok"
 
 
-def _child_main(conn, warmup: tuple[str, tuple] | None) -> None:
+def _child_main(conn, warmup: tuple[str, tuple] | None, parent: int | None = None) -> None:
+    from .interrupts import exit_with_parent
+
+    # Ctrl-C is the parent's to handle: it fails the trial as 'interrupted' and stops us. Left to ourselves, we
+    # would die first and the parent could read that as a crash of the kernel being timed.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with_parent(signal.SIGKILL, parent)  # a parent killed with SIGKILL must not leave us holding the GPU
     try:
         if warmup:
             resolve(warmup[0])(*warmup[1])
@@ -145,7 +151,7 @@ class Worker:
             return
         self.stop()
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        process = self._ctx.Process(target=_child_main, args=(child_conn, self.warmup), daemon=True,
+        process = self._ctx.Process(target=_child_main, args=(child_conn, self.warmup, os.getpid()), daemon=True,
                                     name="autotune-eval-worker")
         process.start()
         child_conn.close()  # the parent keeps only its end, so EOF shows when the child dies
@@ -392,7 +398,8 @@ def _child_device_info(spec: str) -> dict[str, Any]:
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA GPU visible to the evaluation worker")
     major, minor = torch.cuda.get_device_capability(0)
-    return {"gpu_name": torch.cuda.get_device_name(0), "arch": f"sm_{major * 10 + minor}"}
+    return {"gpu_name": torch.cuda.get_device_name(0), "arch": f"sm_{major * 10 + minor}",
+            "device_count": torch.cuda.device_count()}
 
 
 class Evaluator:

@@ -3,8 +3,12 @@ child process like the real one.
 
 Deterministic fake speed from the config; it checks that the cubin it was handed really exists (the build layer
 is real in these tests). Behaviour per config comes from a JSON plan named by $AUTOTUNE_DOUBLE_PLAN:
-{"<config key>": "crash" | "hang" | "wrong" | "raise" | "crash_once"}. Every call is appended to the file named
-by $AUTOTUNE_DOUBLE_LOG (one JSON line: pid, call, config key, cubin hash), so tests can see what ran where.
+{"<config key>": "crash" | "hang" | "wrong" | "raise" | "crash_once" | "hang_once" | "slow"}; "slow" sleeps
+$AUTOTUNE_DOUBLE_SLOW seconds (default 1) before answering, for tests that must catch an evaluation in flight.
+Every call is appended to the file named by $AUTOTUNE_DOUBLE_LOG (one JSON line: pid, parent pid, worker index
+and CUDA_VISIBLE_DEVICES of the search process, call, config key, cubin hash; an `evaluated` line with start and
+end times when an evaluation answers), so tests can see what ran where and when. $AUTOTUNE_DOUBLE_DEVICES sets
+the GPU count device_info reports (default 1).
 """
 from __future__ import annotations
 
@@ -19,8 +23,10 @@ GPU_NAME = "Test Double GPU"
 def _log(call: str, **fields) -> None:
     path = os.environ.get("AUTOTUNE_DOUBLE_LOG")
     if path:
+        who = {"pid": os.getpid(), "ppid": os.getppid(), "worker": os.environ.get("AUTOTUNE_WORKER"),
+               "device": os.environ.get("CUDA_VISIBLE_DEVICES")}
         with open(path, "a") as f:
-            f.write(json.dumps({"pid": os.getpid(), "call": call, **fields}) + "\n")
+            f.write(json.dumps({**who, "call": call, **fields}) + "\n")
             f.flush()
             os.fsync(f.fileno())  # the next line may be os._exit
 
@@ -46,20 +52,24 @@ def evaluate(build, shape):
     from autotune.measure import Evaluation
 
     key = build.config.key
+    started = time.time()
     _log("evaluate", config_key=key, cubin_hash=build.cubin_hash)
     if build.cubin_path is None or not Path(build.cubin_path).is_file():
         return Evaluation("wrong", key, shape.key, reason=f"double: no cubin at {build.cubin_path}")
     action = _plan().get(key)
     if action == "crash" or (action == "crash_once" and not _crashed_before(key)):
         os._exit(139)  # what a segfaulting kernel looks like from the parent
-    if action == "hang":
+    if action == "hang" or (action == "hang_once" and not _crashed_before(key)):
         time.sleep(3600)
+    if action == "slow":
+        time.sleep(float(os.environ.get("AUTOTUNE_DOUBLE_SLOW", "1")))
     if action == "raise":
         raise RuntimeError("CUDA error: an illegal memory access was encountered (double)")
     if action == "wrong":
         return Evaluation("wrong", key, shape.key, reason="double: max error 1.5 > tolerance 0.002", max_error=1.5)
     tflops = fake_tflops(build.config)
     ms = shape.flops / (tflops * 1e12) * 1e3
+    _log("evaluated", config_key=key, started=started, ended=time.time())
     return Evaluation("complete", key, shape.key, max_error=1e-3, median_ms=ms, p20_ms=ms * 0.99,
                       p80_ms=ms * 1.01, min_ms=ms * 0.98, n_reps=100, tflops=tflops, blocks_per_sm=1)
 
@@ -85,7 +95,8 @@ def sdpa_baselines(shape):
 
 def device_info():
     _log("device_info")
-    return {"gpu_name": GPU_NAME, "arch": os.environ.get("AUTOTUNE_DOUBLE_ARCH", "sm_80")}
+    return {"gpu_name": GPU_NAME, "arch": os.environ.get("AUTOTUNE_DOUBLE_ARCH", "sm_80"),
+            "device_count": int(os.environ.get("AUTOTUNE_DOUBLE_DEVICES", "1"))}
 
 
 def warmup():
