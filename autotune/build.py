@@ -47,7 +47,10 @@ CUBIN, LOG, META = "kernel.cubin", "ptxas.log", "meta.json"
 # Exit codes that say nothing about the sources: timeout(1)'s "timed out" (124, 137 after -k) and the shell's
 # "cannot execute" / "not found" (126, 127). Such failures are reported but never cached.
 TIMEOUT_CODES = (124, 137)
-UNCACHEABLE_CODES = TIMEOUT_CODES + (126, 127)
+# nvcc ended by SIGHUP/SIGINT/SIGQUIT/SIGTERM (128 + signal): a Ctrl-C'd or stopped search, not a verdict on
+# the config; cached, it would come back as a compile error when the search resumes.
+SIGNALLED_CODES = (129, 130, 131, 143)
+UNCACHEABLE_CODES = TIMEOUT_CODES + (126, 127) + SIGNALLED_CODES
 
 Progress = Callable[[int, int, "BuildResult"], None]
 

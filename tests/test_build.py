@@ -133,6 +133,18 @@ def test_a_hung_compile_is_killed_and_not_cached(tmp_path):
     assert len(compile_calls(calls)) == 2
 
 
+def test_a_compile_ended_by_a_signal_is_not_cached(tmp_path):
+    """Ctrl-C reaches nvcc as well as the search: what an interrupted nvcc leaves behind (exit 128 + SIGINT) says
+    nothing about the config, and must not come back as its compile error when the search resumes."""
+    interrupted = 'case "$1" in --version) echo "Cuda compilation tools, release 0.0, V0.0.0";; *) exit 130;; esac'
+    nvcc, calls = wrapper_nvcc(tmp_path, body=interrupted)
+    builder = Builder(ARCH, cache_dir=tmp_path / "cache", nvcc=nvcc)
+    assert not builder.build_one(DEFAULT, PROBLEM).ok
+    assert not builder.entry_dir(builder.key(DEFAULT, PROBLEM)).exists()
+    builder.build_one(DEFAULT, PROBLEM)
+    assert len(compile_calls(calls)) == 2
+
+
 def test_a_damaged_cache_entry_is_rebuilt(tmp_path):
     cache = tmp_path / "cache"
     first = Builder(ARCH, cache_dir=cache).build_one(DEFAULT, PROBLEM)
