@@ -20,6 +20,7 @@ from typing import Sequence
 
 import space
 
+from .libcuda import error_name, launch_kernel_fn
 from .launch_params import FlashFwdParams, InputShape, make_params
 
 MAX_GRID_YZ = 65535
@@ -126,6 +127,7 @@ class Kernel:
         self.module, self.function, self.ctx = module, function, ctx
         self.device, self.entry = device, entry
         self.max_dynamic_smem = 0  # what CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES is set to
+        self._handle = int(function)  # the raw CUfunction, for the ctypes launch
 
     def _make_current(self) -> None:
         drv = driver()
@@ -159,7 +161,6 @@ class Kernel:
 
         Asynchronous: a fault inside the kernel surfaces at the next synchronizing call, not here.
         """
-        drv = driver()
         self._make_current()
         if smem_dynamic > self.max_dynamic_smem:
             self.set_max_dynamic_smem(smem_dynamic)
@@ -167,12 +168,14 @@ class Kernel:
         # kernelParams is a void** whose entries point at each argument's bytes; the driver copies them at launch,
         # so `pointers` and `args` only need to outlive this call.
         pointers = (ctypes.c_void_p * len(args))(*[_address(a) for a in args])
-        gx, gy, gz = (int(x) for x in grid)
-        bx, by, bz = (int(x) for x in block)
-        stream_handle = drv.CUstream(_stream_handle(stream, self.device))
-        cu_check(drv.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, int(smem_dynamic), stream_handle,
-                                 ctypes.addressof(pointers), 0),
-              f"cuLaunchKernel({self.entry}, grid=({gx},{gy},{gz}), block=({bx},{by},{bz}), smem={smem_dynamic})")
+        gx, gy, gz = grid
+        bx, by, bz = block
+        # libcuda directly (autotune/libcuda.py says why): this is the per-call hot path.
+        code = launch_kernel_fn()(self._handle, gx, gy, gz, bx, by, bz, smem_dynamic,
+                                  _stream_handle(stream, self.device), pointers, None)
+        if code:
+            raise CudaError(f"cuLaunchKernel({self.entry}, grid=({gx},{gy},{gz}), block=({bx},{by},{bz}), "
+                            f"smem={smem_dynamic})", error_name(code))
 
 
 _kernels: dict[tuple[str, str, int], Kernel] = {}  # (cubin sha256, entry, device) -> Kernel, for the process

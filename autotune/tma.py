@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections import OrderedDict
+
+from .libcuda import encode_tiled_fn, error_name
 
 SWIZZLE_COLS = 64   # elements per box row: 128 bytes, the 128B swizzle span the kernel's descriptors assume
 Q_BOX_ROWS = 64     # one consumer warpgroup's query rows
@@ -80,29 +83,79 @@ def tensor_map_geometry(shape, strides, elem_bytes: int, data_ptr: int, box_rows
     return (d, n, h, b), tuple(out_strides), (SWIZZLE_COLS, box_rows, 1, 1)
 
 
-def encode(tensor, box_rows: int, name: str = "tensor"):
+class TensorMapBuffer:
+    """128 bytes for one CUtensorMap, 64-byte aligned as the driver requires; getPtr() is what the loader passes."""
+
+    __slots__ = ("_raw", "address")
+
+    def __init__(self):
+        self._raw = ctypes.create_string_buffer(TENSOR_MAP_BYTES + 64)
+        self.address = (ctypes.addressof(self._raw) + 63) & ~63
+
+    def getPtr(self) -> int:  # noqa: N802 (cuda-python's spelling, which loader._address understands)
+        return self.address
+
+
+class TensorMapEncoder:
+    """Tensor maps for one geometry (shape, strides, dtype, box): between calls only the base address changes.
+
+    The argument arrays are built once, the encode goes straight to libcuda (autotune/libcuda.py says why),
+    and the last MAX_CACHED maps are kept by address, since a map depends on nothing else: a loop over the same
+    buffers (or an allocator handing the same blocks back) encodes nothing after the first call.
+    """
+
+    MAX_CACHED = 64
+
+    def __init__(self, shape, strides, dtype, elem_bytes: int, box_rows: int, name: str):
+        drv = driver()
+        dims, gstrides, box = tensor_map_geometry(shape, strides, elem_bytes, 0, box_rows, name)
+        self.name = name
+        self._args = (
+            int(_data_type(dtype)), 4,
+            (ctypes.c_uint64 * 4)(*dims), (ctypes.c_uint64 * 3)(*gstrides),
+            (ctypes.c_uint32 * 4)(*box), (ctypes.c_uint32 * 4)(1, 1, 1, 1),
+            int(drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE),
+            int(drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B),
+            int(drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
+            # NONE fills out-of-bounds elements with zeros: padded key rows then score 0 (masked anyway) and
+            # their V rows contribute 0 × p instead of garbage × 0 = NaN.
+            int(drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+        )
+        self._geometry = (dims, gstrides, box)
+        self._by_address: OrderedDict[int, TensorMapBuffer] = OrderedDict()
+
+    def __call__(self, address: int) -> TensorMapBuffer:
+        tmap = self._by_address.get(address)
+        if tmap is not None:
+            return tmap
+        if address % 16:
+            raise ValueError(f"{self.name}: data pointer must be 16-byte aligned, got 0x{address:x}")
+        tmap = TensorMapBuffer()
+        dtype, rank, dims, strides, box, elem, interleave, swizzle, l2, oob = self._args
+        code = encode_tiled_fn()(tmap.address, dtype, rank, address, dims, strides, box, elem, interleave, swizzle,
+                                 l2, oob)
+        if code:
+            d, st, b = self._geometry
+            raise RuntimeError(f"cuTensorMapEncodeTiled({self.name}, dims={d}, strides={st}, box={b}) failed: "
+                               f"{error_name(code)}")
+        self._by_address[address] = tmap
+        if len(self._by_address) > self.MAX_CACHED:
+            self._by_address.popitem(last=False)
+        return tmap
+
+
+@functools.lru_cache(maxsize=256)
+def _encoder(shape: tuple, strides: tuple, dtype, elem_bytes: int, box_rows: int, name: str) -> TensorMapEncoder:
+    return TensorMapEncoder(shape, strides, dtype, elem_bytes, box_rows, name)
+
+
+def encode(tensor, box_rows: int, name: str = "tensor") -> TensorMapBuffer:
     """A CUtensorMap for a (batch, heads, seqlen, head_dim) CUDA tensor view (any strides, last dim contiguous)."""
-    drv = driver()
     if not getattr(tensor, "is_cuda", False):
         raise ValueError(f"{name}: expected a CUDA tensor")
-    dims, strides, box = tensor_map_geometry(tensor.shape, tensor.stride(), tensor.element_size(),
-                                             tensor.data_ptr(), box_rows, name)
-    err, tmap = drv.cuTensorMapEncodeTiled(
-        _data_type(tensor.dtype), 4, tensor.data_ptr(),
-        [drv.cuuint64_t(x) for x in dims],
-        [drv.cuuint64_t(x) for x in strides],
-        [drv.cuuint32_t(x) for x in box],
-        [drv.cuuint32_t(1)] * 4,
-        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        # NONE fills out-of-bounds elements with zeros: padded key rows then score 0 (masked anyway) and their
-        # V rows contribute 0 × p instead of garbage × 0 = NaN.
-        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-    )
-    if err != drv.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"cuTensorMapEncodeTiled({name}, dims={dims}, strides={strides}, box={box}) failed: {err}")
-    return tmap
+    encoder = _encoder(tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor.element_size(), box_rows,
+                       name)
+    return encoder(tensor.data_ptr())
 
 
 def flash_tensor_maps(q, k, v, bc: int):

@@ -1,7 +1,8 @@
 """The loader's driver-API plumbing, against a fake cuda-python driver (the real launch is covered by the GPU tests).
 
-The fake records every call the way the real bindings take it, and its cuLaunchKernel reads the kernelParams
-void** array back out of memory, so the test sees exactly the bytes the driver would copy to the GPU.
+The fake records every call the way the real bindings take it; the launch itself goes straight to libcuda
+(autotune/libcuda.py), so the fake stands in for that ctypes function too, and reads the kernelParams void**
+array back out of memory: the test sees exactly the bytes the driver would copy to the GPU.
 """
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ class Handle:
 
     def __int__(self):
         return self.value
+
+
+class FunctionHandle(Handle):
+    def __init__(self, value: int, name: str):
+        super().__init__(value)
+        self.name = name
 
 
 class FakeDriver:
@@ -72,7 +79,7 @@ class FakeDriver:
 
     def cuModuleGetFunction(self, module, name):
         assert isinstance(name, bytes)
-        return self._ok("cuModuleGetFunction", ("function", name.decode()))
+        return self._ok("cuModuleGetFunction", FunctionHandle(0x3000, name.decode()))
 
     def cuFuncSetAttribute(self, function, attr, value):
         self.calls.append(("cuFuncSetAttribute", attr, value))
@@ -81,12 +88,15 @@ class FakeDriver:
     def CUstream(self, handle):
         return Handle(handle)
 
-    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-        pointers = (ctypes.c_void_p * 2).from_address(params)
+    def launch_kernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        """libcuda's cuLaunchKernel as autotune.libcuda binds it: raw handle ints and a ctypes void* array."""
+        pointers = params
         struct = FlashFwdParams.from_buffer_copy(ctypes.string_at(pointers[0], ctypes.sizeof(FlashFwdParams)))
         self.launches.append(dict(f=f, grid=(gx, gy, gz), block=(bx, by, bz), smem=smem, stream=int(stream),
-                                  params=struct, extra=pointers[1], current=int(self.current)))
-        return self._ok("cuLaunchKernel")
+                                  params=struct, extra=pointers[1] if len(pointers) > 1 else None,
+                                  current=int(self.current)))
+        self.calls.append("cuLaunchKernel")
+        return int(CUresult.CUDA_ERROR_NOT_FOUND) if "cuLaunchKernel" in self.fail else 0
 
     def cuGetErrorName(self, err):
         return CUresult.CUDA_SUCCESS, CUresult(err).name.encode()
@@ -99,6 +109,8 @@ class FakeDriver:
 def fake(monkeypatch):
     drv = FakeDriver()
     monkeypatch.setattr(loader, "driver", lambda: drv)
+    monkeypatch.setattr(loader, "launch_kernel_fn", lambda: drv.launch_kernel)
+    monkeypatch.setattr(loader, "error_name", lambda code: CUresult(code).name)
     monkeypatch.setattr(loader, "_primary", {})
     monkeypatch.setattr(loader, "_kernels", {})
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
@@ -120,7 +132,7 @@ def test_load_makes_the_primary_context_current_and_caches_the_module(fake):
     assert fake.calls[:5] == ["cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain", "cuCtxGetCurrent",
                               "cuCtxSetCurrent"]
     assert ("cuFuncSetAttribute", 8, 100_000) in fake.calls and k.max_dynamic_smem == 100_000
-    assert k.function == ("function", "flash_fwd_mma_sync")
+    assert k.function.name == "flash_fwd_mma_sync"
     assert loader.load_kernel(CUBIN, "flash_fwd_mma_sync") is k  # same bytes: same module, no second load
     assert fake.calls.count("cuModuleLoadData") == 1
     loader.load_kernel(CUBIN + b"\0", "flash_fwd_mma_sync")

@@ -1,0 +1,55 @@
+"""The two driver calls on the hot path of a warm `autotune.attention` call, bound straight to libcuda with ctypes.
+
+Everything else (contexts, modules, attributes, occupancy) goes through cuda-python. These two are called on
+every launch, and cuda-python's argument conversion made them the bulk of the per-call overhead: on the H200,
+a bare cuLaunchKernel through cuda-python cost 18 µs of host time and the three tensor-map encodings of the
+wgmma family more than that again (benchmarks/runtime_overhead.py, 2026-11-29). A ctypes call with prebuilt
+argument arrays costs a few microseconds. Enum values come from cuda-python, so nothing is hard-coded.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+
+@functools.lru_cache(maxsize=None)
+def _lib():
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError as e:  # no driver: only reached on a machine that launches kernels
+        raise RuntimeError(f"libcuda.so.1 could not be loaded ({e}); a CUDA driver is needed to launch kernels") from None
+
+
+@functools.lru_cache(maxsize=None)
+def launch_kernel_fn():
+    """CUresult cuLaunchKernel(CUfunction, gx, gy, gz, bx, by, bz, sharedMemBytes, CUstream, void** params, void** extra)."""
+    fn = _lib().cuLaunchKernel
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def encode_tiled_fn():
+    """CUresult cuTensorMapEncodeTiled(CUtensorMap*, dataType, rank, void* globalAddress, const cuuint64_t* globalDim,
+    const cuuint64_t* globalStrides, const cuuint32_t* boxDim, const cuuint32_t* elementStrides, interleave, swizzle,
+    l2Promotion, oobFill)."""
+    fn = _lib().cuTensorMapEncodeTiled
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p,
+                   ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
+                   ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return fn
+
+
+def error_name(code: int) -> str:
+    """CUDA_ERROR_... for a CUresult code, through cuda-python (only on the error path)."""
+    try:
+        from cuda.bindings import driver as drv
+    except ImportError:
+        from cuda import cuda as drv
+    try:
+        return drv.cuGetErrorName(drv.CUresult(code))[1].decode()
+    except Exception:
+        return f"CUresult {code}"
