@@ -20,7 +20,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from sqlalchemy import DateTime, Integer, MetaData, String, UniqueConstraint, create_engine, select, update
+from sqlalchemy import DateTime, Integer, MetaData, String, UniqueConstraint, create_engine, inspect, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -70,7 +70,7 @@ class Claims:
             _Base.metadata.create_all(self.engine)  # checkfirst
         except (IntegrityError, ProgrammingError, OperationalError):
             # Several processes creating it at the same moment: one wins, the others see it exists now.
-            if not self.engine.dialect.has_table(self.engine.connect(), TABLE):
+            if not inspect(self.engine).has_table(TABLE):
                 raise
 
     def close(self) -> None:

@@ -21,8 +21,9 @@ The storage decides the mode (docs/distributed.md says why):
 
 Residual window, as in Optuna's own optimize(): a process killed between the INSERT of a new trial and its
 first heartbeat (one DB round trip) leaves a RUNNING trial without heartbeat, which no one fails; the claims
-are not involved (no config was claimed yet). The next solo run, or `autotune` with a SQLite copy, would fail
-it; on a server it is harmless to the search (it holds no config) and shows as running in dashboards.
+are not involved (no config was claimed yet). It holds no config, so it costs the search nothing but this: it
+counts as running elsewhere (against --trials, and for a worker waiting on the others) until it has been seen
+running for STUCK_SECONDS, after which it is ignored. It stays RUNNING in the database.
 
 Thread use: only the heartbeat thread runs beside the search's main thread; it calls RDBStorage.record_heartbeat
 only, which RDBStorage supports from any thread (it is what Optuna's own heartbeat thread does).
@@ -40,6 +41,9 @@ from . import studies, trial as trial_mod
 DEFAULT_HEARTBEAT = 10   # seconds between heartbeats (Optuna takes an integer)
 DEFAULT_GRACE = 60       # seconds without one before a trial counts as dead: long enough for a busy host's GIL
 REFRESH_SECONDS = 0.5    # how stale this process's view of the other processes may be
+# A trial seen RUNNING elsewhere for longer than this is not waited for (see the residual window below): no trial
+# of ours runs that long (nvcc's limit is 10 min, an evaluation's a few), even queued behind a batch.
+STUCK_SECONDS = 2 * 3600
 
 
 def is_shared(url: str) -> bool:
@@ -200,6 +204,7 @@ class Shared:
         self.running_elsewhere = 0   # distinct unjudged configs in RUNNING trials of other processes
         self.waiting = 0             # WAITING trials (queued, e.g. retries of dead processes' trials)
         self._mine: set[int] = set()
+        self._first_seen: dict[int, float] = {}  # other processes' RUNNING trials: when we first saw them
         self._last = 0.0
         self.study = self.memory = self.space = None
 
@@ -260,6 +265,8 @@ class Shared:
                 waiting += 1
             if t.state != TrialState.RUNNING or t._trial_id in self._mine:
                 continue
+            if now - self._first_seen.setdefault(t._trial_id, now) > STUCK_SECONDS:
+                continue  # nobody is finishing it (module docstring)
             config = self.space.config_of(t.params)
             if config is None:
                 running.add(("trial", t.number))  # still being asked: it will most likely become a config

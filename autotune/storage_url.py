@@ -54,10 +54,27 @@ def sqlite_path(url: str) -> Path | None:
 
 
 def prepare(url: str) -> str:
-    """Create the directory an SQLite file will live in (SQLite creates the file, not its directory)."""
+    """Create the directory an SQLite file will live in (SQLite creates the file, not its directory), and give a
+    bare postgresql:// URL the driver that is installed (see postgres_driver)."""
     path = sqlite_path(url)
     if path is not None:
         path.expanduser().parent.mkdir(parents=True, exist_ok=True)
+    return postgres_driver(url)
+
+
+def postgres_driver(url: str) -> str:
+    """`postgresql://...` means psycopg2 to SQLAlchemy; our `postgres` extra installs psycopg 3. People type the
+    bare scheme, so when psycopg2 is missing and psycopg is there, use it: `postgresql+psycopg://...`. A URL
+    that names its driver is left alone."""
+    import importlib.util
+
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.drivername != "postgresql":
+        return url
+    if importlib.util.find_spec("psycopg2") is None and importlib.util.find_spec("psycopg") is not None:
+        return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
     return url
 
 
@@ -71,5 +88,5 @@ def describe(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-__all__ = ["ENV_VAR", "default_root", "default_storage_url", "describe", "prepare", "resolve_storage_url",
-           "sqlite_path"]
+__all__ = ["ENV_VAR", "default_root", "default_storage_url", "describe", "postgres_driver", "prepare",
+           "resolve_storage_url", "sqlite_path"]

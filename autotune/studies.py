@@ -180,6 +180,21 @@ def top_trials(study, n: int) -> list:
     return sorted(best.values(), key=lambda t: -t.value)[:n]
 
 
+def trials_to_best(study) -> int | None:
+    """How many evaluated trials (configs built, in the order they were asked) the study took to first reach
+    its best value; None when no trial completed. What a warm start is meant to lower."""
+    from optuna.trial import TrialState
+
+    evaluated = [t for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+                 if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                 and t.user_attrs.get("status") not in (None, "invalid") and trial_mod.DUPLICATE_OF not in t.user_attrs]
+    values = [t.value for t in evaluated if t.state == TrialState.COMPLETE and t.value is not None]
+    if not values:
+        return None
+    best = max(values)
+    return next(i for i, t in enumerate(evaluated, 1) if t.state == TrialState.COMPLETE and t.value == best)
+
+
 def quiet_optuna() -> None:
     """Optuna logs every trial at INFO; the search prints its own one-line progress instead."""
     import optuna
@@ -191,4 +206,4 @@ def quiet_optuna() -> None:
 
 
 __all__ = ["STUDY_ATTRS", "StudyMemory", "StudyMismatchError", "cubin_key", "default_study_name", "fail_stale_running",
-           "gpu_slug", "open_study", "quiet_optuna", "status_counts", "top_trials"]
+           "gpu_slug", "open_study", "quiet_optuna", "status_counts", "top_trials", "trials_to_best"]

@@ -3,8 +3,10 @@ child process like the real one.
 
 Deterministic fake speed from the config; it checks that the cubin it was handed really exists (the build layer
 is real in these tests). Behaviour per config comes from a JSON plan named by $AUTOTUNE_DOUBLE_PLAN:
-{"<config key>": "crash" | "hang" | "wrong" | "raise" | "crash_once" | "hang_once" | "slow"}; "slow" sleeps
-$AUTOTUNE_DOUBLE_SLOW seconds (default 1) before answering, for tests that must catch an evaluation in flight.
+{"<config key>": "crash" | "hang" | "wrong" | "raise" | "crash_once" | "hang_once" | "slow" | "meet"}; "slow"
+sleeps $AUTOTUNE_DOUBLE_SLOW seconds (default 1) before answering, for tests that must catch an evaluation in
+flight; "meet" waits (up to 60 s) until another worker process has started an evaluation too, so that a test of
+several workers does not depend on how fast the machine starts them.
 Every call is appended to the file named by $AUTOTUNE_DOUBLE_LOG (one JSON line: pid, parent pid, worker index
 and CUDA_VISIBLE_DEVICES of the search process, call, config key, cubin hash; an `evaluated` line with start and
 end times when an evaluation answers), so tests can see what ran where and when. $AUTOTUNE_DOUBLE_DEVICES sets
@@ -63,6 +65,8 @@ def evaluate(build, shape):
         time.sleep(3600)
     if action == "slow":
         time.sleep(float(os.environ.get("AUTOTUNE_DOUBLE_SLOW", "1")))
+    if action == "meet":
+        _meet(time.monotonic() + 60)
     if action == "raise":
         raise RuntimeError("CUDA error: an illegal memory access was encountered (double)")
     if action == "wrong":
@@ -72,6 +76,16 @@ def evaluate(build, shape):
     _log("evaluated", config_key=key, started=started, ended=time.time())
     return Evaluation("complete", key, shape.key, max_error=1e-3, median_ms=ms, p20_ms=ms * 0.99,
                       p80_ms=ms * 1.01, min_ms=ms * 0.98, n_reps=100, tflops=tflops, blocks_per_sm=1)
+
+
+def _meet(deadline: float) -> None:
+    me = os.environ.get("AUTOTUNE_WORKER")
+    path = Path(os.environ.get("AUTOTUNE_DOUBLE_LOG", ""))
+    while time.monotonic() < deadline:
+        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+        if any(x["call"] == "evaluate" and x.get("worker") not in (None, me) for x in lines):
+            return
+        time.sleep(0.05)
 
 
 def _crashed_before(key: str) -> bool:
