@@ -3,9 +3,9 @@
 #
 #   1. scaling: the same budget on shape 1 with 1 worker, then with 2 workers (one per GPU), each from an empty
 #      kernel cache and a fresh study, so the only difference is the second worker;
-#   2. warm start: shape 2 (a neighbour of shape 1, which is now tuned) searched cold, then warm-started from
-#      shape 1's best configs, same budget and seed; "best at" is how many evaluated trials each took to reach
-#      its best.
+#   2. warm start: shape 2 (a neighbour of shape 1, which is now tuned) searched warm-started from shape 1's
+#      best configs, then cold, same budget and seed; "best at" is how many evaluated trials each took to reach
+#      its best. (The same kernel cache for both: their wall times are not comparable, their trial counts are.)
 #
 # A throwaway PostgreSQL cluster (initdb/pg_ctl, 127.0.0.1) holds everything unless AUTOTUNE_BENCH_STORAGE names
 # a server to use instead. Needs 2 GPUs for the 2-worker row (with one it still runs: both workers share it).
@@ -34,7 +34,7 @@ if [[ -n "${AUTOTUNE_BENCH_STORAGE:-}" ]]; then
 else
   initdb=$(command -v initdb || ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -1)
   [[ -x "$initdb" ]] || { echo "initdb not found: apt-get install postgresql, or set AUTOTUNE_BENCH_STORAGE" >&2; exit 2; }
-  bin=$(dirname "$initdb")
+  bin=$(dirname "$(readlink -f "$initdb")")  # createdb sits next to the real initdb, not always on PATH
   as=()
   if [[ $(id -u) == 0 ]]; then  # PostgreSQL refuses to run as root
     chown postgres "$work" 2>/dev/null && as=(runuser -u postgres --) || { chown nobody "$work"; as=(runuser -u nobody --); }
@@ -44,10 +44,10 @@ else
   "${as[@]}" "$bin/pg_ctl" -D "$work/pg" -l "$work/pg.log" -w \
       -o "-p $port -k $work -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200" start >/dev/null
   pg_stop() { "${as[@]}" "$bin/pg_ctl" -D "$work/pg" -m fast -w stop >/dev/null || true; }
+  trap 'pg_stop' EXIT
   "$bin/createdb" -h 127.0.0.1 -p "$port" -U autotune bench
   url="postgresql://autotune@127.0.0.1:$port/bench"
 fi
-trap 'pg_stop' EXIT
 
 # run NAME STUDY SEQLEN WORKERS CACHE [flags...]: one `autotune search`, timed; a line into $results
 run() {
@@ -66,8 +66,9 @@ run() {
 
 run "n$SEQLEN, 1 worker" scale-w1 "$SEQLEN" 1 "$work/cache-w1"
 run "n$SEQLEN, 2 workers" scale-w2 "$SEQLEN" 2 "$work/cache-w2"
-run "n$SEQLEN2 cold" shape2-cold "$SEQLEN2" 1 "$work/cache-shape2" --warm-start 0
+# Warm first: the cold run's winner, stored for shape 2, would otherwise be the warm run's nearest neighbour.
 run "n$SEQLEN2 warm-started" shape2-warm "$SEQLEN2" 1 "$work/cache-shape2" --warm-start "$WARM"
+run "n$SEQLEN2 cold" shape2-cold "$SEQLEN2" 1 "$work/cache-shape2" --warm-start 0
 
 python3 - "$url" "$results" <<'EOF'
 import sys
