@@ -16,6 +16,50 @@ USAGE_ERROR = 2
 NO_RESULT = 1
 
 
+# Shape flags default to None so that a --replay landscape can supply the shape; these fill the rest.
+SHAPE_DEFAULTS = {"seqlen": 4096, "seqlen_k": None, "batch": 4, "heads": 16, "kv_heads": None, "head_dim": 128,
+                  "dtype": "fp16", "causal": False}
+
+
+def add_shape_arguments(p) -> None:
+    """The shape flags (shared with `autotune sweep`)."""
+    shape = p.add_argument_group("shape")
+    shape.add_argument("--seqlen", type=int, default=None, help="query sequence length (default 4096)")
+    shape.add_argument("--seqlen-k", type=int, default=None, help="key/value sequence length (default: --seqlen)")
+    shape.add_argument("--batch", type=int, default=None, help="batch size (default 4)")
+    shape.add_argument("--heads", type=int, default=None, help="query heads (default 16)")
+    shape.add_argument("--kv-heads", type=int, default=None, help="key/value heads, dividing --heads (default: --heads)")
+    shape.add_argument("--head-dim", type=int, default=None, choices=space.HEAD_DIMS, help="head dimension (default 128)")
+    shape.add_argument("--dtype", default=None, choices=space.DTYPES, help="element type (default fp16)")
+    shape.add_argument("--causal", action="store_const", const=True, default=None,
+                       help="causal (top-left aligned) masking")
+
+
+def shape_from_args(args: argparse.Namespace, base: space.Shape | None = None) -> space.Shape:
+    """The Shape the flags describe; flags left out come from `base` (a replayed landscape's shape), else from
+    SHAPE_DEFAULTS. ValueError names the flag at fault."""
+    values = {}
+    for name, default in SHAPE_DEFAULTS.items():
+        given = getattr(args, name)
+        if given is not None:
+            values[name] = given
+        elif base is not None:
+            values[name] = getattr(base, "seqlen_q" if name == "seqlen" else name)
+        else:
+            values[name] = default
+    for name in ("seqlen", "batch", "heads"):
+        if values[name] < 1:
+            raise ValueError(f"--{name}: expected a positive integer, got {values[name]}")
+    try:
+        return space.Shape(batch=values["batch"], heads=values["heads"], seqlen_q=values["seqlen"],
+                           seqlen_k=values["seqlen_k"], head_dim=values["head_dim"], dtype=values["dtype"],
+                           causal=values["causal"], kv_heads=values["kv_heads"])
+    except ValueError as err:  # space says "kv_heads: must divide heads ..."; name the flag instead
+        field, _, message = str(err).partition(":")
+        flag = {"seqlen_q": "seqlen"}.get(field, field).replace("_", "-")
+        raise ValueError(f"--{flag}:{message}") from None
+
+
 def add_parser(subparsers) -> None:
     from autotune.sampling import SAMPLERS
     from autotune.search import DEFAULT_EVAL_TIMEOUT, DEFAULT_TRIALS
@@ -23,15 +67,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("search", help="search the fastest kernel config for one shape (needs a GPU)",
                               description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    shape = p.add_argument_group("shape")
-    shape.add_argument("--seqlen", type=int, default=4096, help="query sequence length (default 4096)")
-    shape.add_argument("--seqlen-k", type=int, default=None, help="key/value sequence length (default: --seqlen)")
-    shape.add_argument("--batch", type=int, default=4, help="batch size (default 4)")
-    shape.add_argument("--heads", type=int, default=16, help="query heads (default 16)")
-    shape.add_argument("--kv-heads", type=int, default=None, help="key/value heads, dividing --heads (default: --heads)")
-    shape.add_argument("--head-dim", type=int, default=128, choices=space.HEAD_DIMS, help="head dimension (default 128)")
-    shape.add_argument("--dtype", default="fp16", choices=space.DTYPES, help="element type (default fp16)")
-    shape.add_argument("--causal", action="store_true", help="causal (top-left aligned) masking")
+    add_shape_arguments(p)
 
     s = p.add_argument_group("search")
     s.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
@@ -74,6 +110,11 @@ def add_parser(subparsers) -> None:
     e.add_argument("--evaluator", default=None, metavar="MODULE:FUNCTION",
                    help="for tests and replays: evaluate with this function instead of autotune.measure:evaluate "
                         "(it runs in the child process; no GPU needed if it needs none)")
+    e.add_argument("--replay", default=None, metavar="FILE",
+                   help="answer every build and evaluation from a landscape recorded by `autotune sweep` (no nvcc, "
+                        "no GPU; docs/search.md): shape, arch and families default to the recorded ones, a config "
+                        "the file lacks is an error, studies go to an in-memory database unless --storage is given, "
+                        "and no best config is stored")
     p.set_defaults(run=run)
 
 
@@ -87,16 +128,12 @@ def options_from_args(args: argparse.Namespace):
     from autotune.search import SearchOptions
     from autotune.trial import SpillPolicy
 
-    for name in ("seqlen", "batch", "heads"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name}: expected a positive integer, got {getattr(args, name)}")
-    try:
-        shape = space.Shape(batch=args.batch, heads=args.heads, seqlen_q=args.seqlen, seqlen_k=args.seqlen_k,
-                            head_dim=args.head_dim, dtype=args.dtype, causal=args.causal, kv_heads=args.kv_heads)
-    except ValueError as err:  # space says "kv_heads: must divide heads ..."; name the flag instead
-        field, _, message = str(err).partition(":")
-        flag = {"seqlen_q": "seqlen"}.get(field, field).replace("_", "-")
-        raise ValueError(f"--{flag}:{message}") from None
+    replay = None
+    if args.replay is not None:
+        from autotune.landscape import load
+
+        replay = load(args.replay)  # LandscapeError (a ValueError) names the file
+    shape = shape_from_args(args, replay.shape if replay else None)
     enqueue = []
     for key in args.enqueue:
         try:
@@ -110,7 +147,7 @@ def options_from_args(args: argparse.Namespace):
         storage=args.storage, study_name=args.study, arch=args.arch,
         families=tuple(args.family) if args.family else None, spill_policy=SpillPolicy.parse(args.spill_policy),
         jobs=args.jobs, ahead=args.ahead, eval_timeout=args.eval_timeout, cache_dir=args.cache_dir,
-        retime_top=args.retime, enqueue=tuple(enqueue), max_asks=args.max_asks,
+        retime_top=args.retime, enqueue=tuple(enqueue), max_asks=args.max_asks, replay=replay,
         **({"evaluator": args.evaluator} if args.evaluator else {}),
     )
 
@@ -118,6 +155,7 @@ def options_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from autotune.build import BuildError
     from autotune.nvcc import NvccNotFoundError
+    from autotune.replay import ReplayError
     from autotune.search import run_search
     from autotune.studies import StudyMismatchError
     from autotune.summary import format_result
@@ -128,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         options.check()
     except ValueError as err:
         return _fail(str(err))
-    if args.evaluator is None:
+    if args.evaluator is None and args.replay is None:
         from autotune.gpu_arch import NoGpuError, detect_arch
 
         try:
@@ -141,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         result = run_search(options)
     except (StudyMismatchError, NvccNotFoundError) as err:  # fixable by the command line or the environment
         return _fail(str(err))
-    except (WorkerStartError, EvaluatorError, BuildError) as err:  # the machinery itself failed
+    except (WorkerStartError, EvaluatorError, BuildError, ReplayError) as err:  # the machinery (or the replay) failed
         print(f"autotune search: {err}", file=sys.stderr)
         return NO_RESULT
     except ValueError as err:
@@ -151,4 +189,6 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(err))
     print()
     print(format_result(result))
+    if args.replay is not None:
+        print(f"  replayed from {args.replay}: nothing was compiled or run, and nothing was stored")
     return 0 if result.best is not None else NO_RESULT
