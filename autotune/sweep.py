@@ -31,7 +31,9 @@ from .landscape import Landscape, LandscapeError, Row
 from .trial import SpillPolicy
 
 SWEEP_EVALUATOR = "autotune.sweep_eval:evaluate"
-DEFAULT_EVAL_TIMEOUT = 30.0  # a hung kernel costs this plus a worker restart
+# An evaluation takes ~0.1-0.3 s of GPU time (worker start-up is not counted): a kernel still running after 10 s
+# hangs, and each one costs this plus a worker restart out of the sweep's budget.
+DEFAULT_EVAL_TIMEOUT = 10.0
 SAVE_EVERY = 25
 # When the first evaluations of a sweep all crash, the evaluator (or the machine) is broken, not the configs:
 # stop before the whole GPU budget goes into rows that say so.

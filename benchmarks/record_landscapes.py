@@ -98,7 +98,16 @@ def main(argv=None) -> int:
     options = SweepOptions(shapes=SHAPES, families=FAMILIES, arch=args.arch, out_dir=str(out_dir), jobs=jobs,
                            cache_dir=args.cache_dir, evaluator=args.evaluator or SWEEP_EVALUATOR,
                            budget=args.budget_s, fresh=args.fresh, build_only=args.build_only, limit=args.limit)
-    results = run_sweeps(options, log=log)
+    try:
+        results = run_sweeps(options, log=log)
+    except Exception as e:  # what was saved is still worth bringing back: say what is on disk, then fail
+        log(f"record_landscapes: {type(e).__name__}: {e}")
+        if not args.build_only:
+            from autotune.landscape import load
+
+            for f in sorted(out_dir.glob("*.json")):
+                log(load(f).summary())
+        return 1
     lines = summary(results) + [f"total {time.monotonic() - started:.0f} s"]
     log("")
     log("\n".join(lines))

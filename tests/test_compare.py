@@ -85,3 +85,26 @@ def test_comparison_numbers_follow_from_the_runs(landscape):
     expected = sorted((run.best_after(5) or 0) / r.optimum for run in brute.runs)
     assert brute.best_at_budget.median == pytest.approx(sum(expected) / 2)
     assert brute.curve_median[-1] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("n,good", [(3, 1), (5, 2), (6, 1), (4, 4)])
+def test_the_random_order_expectation_is_exact(n, good):
+    import itertools
+
+    orders = list(itertools.permutations([True] * good + [False] * (n - good)))
+    mean = sum(order.index(True) + 1 for order in orders) / len(orders)
+    assert compare.expected_random_order(n, good, None) == pytest.approx(mean)
+    # The default tried first, then the other n-1 in random order (the default is not good here).
+    rest = list(itertools.permutations([True] * good + [False] * (n - good - 1))) if good < n else []
+    if rest:
+        mean_after = 1 + sum(order.index(True) + 1 for order in rest) / len(rest)
+        assert compare.expected_random_order(n, good, False) == pytest.approx(mean_after)
+    assert compare.expected_random_order(n, good, True) == 1.0
+
+
+def test_docs_search_md_has_the_generated_section_markers():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "search.md").read_text()
+    assert text.count(compare_report.BEGIN) == 1 and text.count(compare_report.END) == 1
+    assert text.index(compare_report.BEGIN) < text.index(compare_report.END)

@@ -16,7 +16,7 @@ USAGE_ERROR = 2
 
 
 def add_parser(subparsers) -> None:
-    from autotune.compare import DEFAULT_LAG, DEFAULT_SAMPLERS, DEFAULT_SEEDS, VARIANTS
+    from autotune.compare import BUDGET_MULTIPLE, DEFAULT_LAG, DEFAULT_SAMPLERS, DEFAULT_SEEDS, VARIANTS
     from autotune.search import DEFAULT_TRIALS
 
     p = subparsers.add_parser("compare-samplers", help="compare samplers on recorded landscapes (no GPU)",
@@ -25,10 +25,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--replay", nargs="+", required=True, metavar="FILE",
                    help="landscape files (e.g. studies/landscapes/*.json)")
     p.add_argument("--samplers", nargs="+", default=list(DEFAULT_SAMPLERS), metavar="NAME",
-                   help=f"samplers to compare (default: {' '.join(DEFAULT_SAMPLERS)}; all: {' '.join(VARIANTS)})")
+                   help=f"samplers to compare (default: {' '.join(DEFAULT_SAMPLERS)}; all: {' '.join(VARIANTS)}; "
+                        "gp is slow to simulate: minutes per seed)")
     p.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, help=f"seeds per sampler (default {DEFAULT_SEEDS})")
     p.add_argument("--trials", type=int, default=None, metavar="N",
-                   help="cap per simulated search (default: every config of the landscape)")
+                   help=f"cap per simulated search (default: {BUDGET_MULTIPLE} × --budget, at most every config of "
+                        "the landscape); seeds that do not get there within it show as (k/n)")
     p.add_argument("--budget", type=int, default=DEFAULT_TRIALS, metavar="N",
                    help=f"report the best found within N trials (default {DEFAULT_TRIALS}, `autotune search`'s)")
     p.add_argument("--lag", type=int, default=DEFAULT_LAG, metavar="K",
