@@ -35,7 +35,7 @@ SWEEP_EVALUATOR = "autotune.sweep_eval:evaluate"
 # hangs, and each one costs this plus a worker restart out of the sweep's budget.
 DEFAULT_EVAL_TIMEOUT = 10.0
 SAVE_EVERY = 25
-# When the first evaluations of a sweep all crash, the evaluator (or the machine) is broken, not the configs:
+# When the first evaluations of a sweep all crash or hang, the evaluator (or the machine) is broken, not the configs:
 # stop before the whole GPU budget goes into rows that say so.
 BROKEN_AFTER = 5
 # Header fields that must agree for a file's rows to be resumed into (anything else is another landscape).
@@ -253,14 +253,16 @@ def _time_cap(options: SweepOptions, remaining: list[_ShapeWork], started: float
 
 
 class _Health:
-    """Counts the sweep's first evaluations: BROKEN_AFTER crashes before any success means a broken evaluator."""
+    """Counts the sweep's first evaluations: BROKEN_AFTER crashes or timeouts before any success means a broken
+    evaluator."""
 
     def __init__(self):
         self.crashes = self.completes = 0
 
     def broken(self, row: Row) -> bool:
         self.completes += row.status == "complete"
-        self.crashes = self.crashes + 1 if row.status == "crashed" and not self.completes else 0
+        failed = row.status in ("crashed", "timeout")
+        self.crashes = self.crashes + 1 if failed and not self.completes else 0
         return self.crashes >= BROKEN_AFTER
 
 
@@ -308,7 +310,7 @@ def _sweep_shape(w: _ShapeWork, stream: _BuildStream, evaluator, options: SweepO
                 result.measured += 1
                 if health.broken(row):
                     ls.save()
-                    raise SweepError(f"the first {health.crashes} evaluations all crashed, the last with: "
+                    raise SweepError(f"the first {health.crashes} evaluations all crashed or hung, the last with: "
                                      f"{row.reason}; the evaluator or the GPU is broken, stopping")
                 if key:
                     timed.setdefault(key, row)

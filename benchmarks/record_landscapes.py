@@ -89,8 +89,9 @@ def main(argv=None) -> int:
     started = time.monotonic()
     out_env = os.environ.get("OUT")
     out_dir = Path(args.out_dir) if args.out_dir else (Path(out_env) / "landscapes" if out_env else STUDIES_DIR)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if out_dir.resolve() != STUDIES_DIR.resolve() and STUDIES_DIR.is_dir() and not args.fresh:
+    if not args.build_only:  # build-only writes nothing
+        out_dir.mkdir(parents=True, exist_ok=True)
+    if not args.build_only and out_dir.resolve() != STUDIES_DIR.resolve() and STUDIES_DIR.is_dir() and not args.fresh:
         for f in STUDIES_DIR.glob("*.json"):  # resume from an earlier run's files
             if not (out_dir / f.name).exists():
                 shutil.copy2(f, out_dir / f.name)

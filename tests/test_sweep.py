@@ -140,7 +140,7 @@ def test_the_time_cap_leaves_configs_missing_and_a_rerun_completes(tmp_path):
 
 
 def test_a_broken_evaluator_stops_the_sweep(tmp_path):
-    with pytest.raises(SweepError, match="first 5 evaluations all crashed.*illegal address"):
+    with pytest.raises(SweepError, match="first 5 evaluations all crashed or hung.*illegal address"):
         _sweep(tmp_path, FakeEvaluator(crash_all=True))
 
 
@@ -236,7 +236,7 @@ def test_sweep_command_with_real_builds_and_the_worker(tmp_path, build_cache_dir
     assert all(r.status == "complete" and r.registers for r in ls.rows.values())
 
 
-def test_the_h200_recording_script_runs_build_only(build_cache_dir, capsys):
+def test_the_h200_recording_script_runs_build_only(build_cache_dir, capsys, tmp_path, monkeypatch):
     import importlib.util
 
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "record_landscapes.py"
@@ -245,7 +245,47 @@ def test_the_h200_recording_script_runs_build_only(build_cache_dir, capsys):
     spec.loader.exec_module(module)
     assert [s.key for s in module.SHAPES] == ["b4-h16-n4096-d128-fp16-full", "b4-h32-n4096-d64-fp16-causal",
                                               "b1-h64-n1024-d128-bf16-full"]
+    monkeypatch.setenv("OUT", str(tmp_path))
     assert module.main(["--build-only", "--arch", "sm_90", "--limit", "1", "--cache-dir", str(build_cache_dir),
                         "--jobs", "2"]) == 0
     out = capsys.readouterr().out
     assert out.count("builds {'compiled': 1}") >= 3
+    assert list(tmp_path.iterdir()) == []  # build-only writes nothing
+
+
+def test_the_h200_recording_script_writes_into_out(build_cache_dir, capsys, tmp_path, monkeypatch):
+    """The fake-GPU path of the recording script: files land in $OUT/landscapes with a summary (and, with a
+    fake evaluator, never in studies/)."""
+    import importlib.util
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "record_landscapes.py"
+    spec = importlib.util.spec_from_file_location("record_landscapes", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setenv("AUTOTUNE_DOUBLE_ARCH", "sm_90")
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    studies_before = sorted(module.STUDIES_DIR.glob("*")) if module.STUDIES_DIR.is_dir() else []
+    assert module.main(["--evaluator", "search_doubles:evaluate", "--limit", "1", "--cache-dir",
+                        str(build_cache_dir), "--jobs", "2", "--budget-s", "60"]) == 0
+    files = sorted((tmp_path / "landscapes").glob("*.json"))
+    assert [f.name for f in files] == [f"test-double-gpu-{s.key}-wgmma.json" for s in sorted(
+        module.SHAPES, key=lambda s: f"test-double-gpu-{s.key}")]
+    for f in files:
+        assert len(landscape_mod.load(f).rows) == 1
+    assert "best" in (tmp_path / "landscapes" / "SUMMARY.txt").read_text()
+    after = sorted(module.STUDIES_DIR.glob("*")) if module.STUDIES_DIR.is_dir() else []
+    assert after == studies_before
+
+
+def test_the_worker_warmup_imports_what_evaluations_need(monkeypatch):
+    import torch
+
+    from autotune import loader
+
+    seen = []
+    monkeypatch.setattr(torch.cuda, "init", lambda: seen.append("init"))
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: seen.append(("empty", k.get("device"))))
+    monkeypatch.setattr(loader, "driver", lambda: seen.append("driver"))
+    sweep_eval.warmup()
+    assert seen == ["init", ("empty", "cuda"), "driver"]
