@@ -1,6 +1,5 @@
 """`autotune` command line: a table of subcommands, one module each under autotune/commands/.
 
-A command's module is its name with dashes as underscores (`compare-samplers` → compare_samplers_cmd.py).
 Each module defines `add_parser(subparsers)` that registers its subparser with `set_defaults(run=fn)`, where
 `fn(args) -> int` is the exit code.
 """
@@ -10,19 +9,17 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("space", "build", "check", "bench", "search", "best", "export", "import", "report", "dashboard",
-            "sweep", "compare-samplers")
+COMMANDS = ("space", "build", "check", "bench", "search", "campaign", "best", "export", "import", "report", "dashboard")
 
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autotune", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        module_name = f"autotune.commands.{name.replace('-', '_')}_cmd"
         try:
-            module = importlib.import_module(module_name)
+            module = importlib.import_module(f"autotune.commands.{name}_cmd")
         except ModuleNotFoundError as e:
-            if e.name == module_name:
+            if e.name == f"autotune.commands.{name}_cmd":
                 continue  # not built yet
             raise
         module.add_parser(sub)

@@ -25,7 +25,7 @@ from typing import Callable
 import space
 from space import Arch, Config, Shape
 
-from . import studies, trial as trial_mod, winner
+from . import interrupts, peers, studies, trial as trial_mod, winner
 from .sampling import SearchSpace, make_sampler
 from .scheduler import Pipeline
 from .summary import ProgressPrinter
@@ -36,6 +36,7 @@ DEFAULT_TRIALS = 60          # ≈ 15-20 minutes on one H200 with 16 build cores
 DEFAULT_EVAL_TIMEOUT = 120.0  # seconds per evaluation (correctness check + timing), worker start excluded
 ASKS_PER_TRIAL = 30           # the ask cap: 30 asks per wanted trial (d128 has ~1 valid config in 13) + 200
 TOP_N = 5
+WAIT_SECONDS = 0.5            # shared storages: how often a worker with nothing to do looks at the others again
 
 
 @dataclass
@@ -59,7 +60,11 @@ class SearchOptions:
     enqueue: tuple[Config, ...] = ()       # configs to try first (the heuristic default always is)
     max_asks: int | None = None
     nvcc_flags: tuple[str, ...] = ()       # extra nvcc flags (experiments, tests); part of the build cache key
-    replay: object = None                  # a landscape file (or landscape.Landscape): no nvcc, no GPU, see replay.py
+    workers: int = 1                       # worker processes on this host (workers.py); > 1 needs a server storage
+    gpus: tuple[str, ...] | None = None    # CUDA_VISIBLE_DEVICES values for the workers (default: every visible GPU)
+    heartbeat: int = peers.DEFAULT_HEARTBEAT  # shared storages: seconds between heartbeats of the trials in flight
+    grace: int = peers.DEFAULT_GRACE       # shared storages: seconds without a heartbeat before a trial is dead
+    warm_start: int = 0                    # a fresh study first tries up to N best configs of tuned neighbour shapes
 
     def check(self) -> None:
         if self.trials < 0:
@@ -76,6 +81,13 @@ class SearchOptions:
             raise ValueError(f"retime_top: expected a count ≥ 1, got {self.retime_top}")
         if self.max_asks is not None and self.max_asks < 1:
             raise ValueError(f"max_asks: expected a count ≥ 1, got {self.max_asks}")
+        if self.workers < 1:
+            raise ValueError(f"--workers: expected a count ≥ 1, got {self.workers}")
+        if self.heartbeat < 1 or self.grace <= self.heartbeat:
+            raise ValueError(f"--heartbeat {self.heartbeat} / --grace {self.grace}: expected whole seconds with "
+                             "1 ≤ heartbeat < grace (a grace of 3-6 heartbeats rides out a busy host)")
+        if self.warm_start < 0:
+            raise ValueError(f"--warm-start: expected a count ≥ 0, got {self.warm_start}")
 
 
 @dataclass
@@ -102,10 +114,22 @@ class SearchResult:
     eval_seconds: float = 0.0
     wall_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    interrupted: bool = False               # Ctrl-C: in-flight trials failed, no re-timing, nothing stored
+    workers: list[str] = field(default_factory=list)  # --workers: one line per worker process
 
     @property
     def best(self):
         return winner.pick(self.retimed)
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C ended the search cleanly: the trials in flight are failed as 'interrupted', the storage is
+    consistent, and `result` holds the summary so far (nothing was re-timed or stored). Still a
+    KeyboardInterrupt, so a library caller that does not look for it stops as it would on any Ctrl-C."""
+
+    def __init__(self, result: "SearchResult"):
+        super().__init__(result.stop_reason)
+        self.result = result
 
 
 @dataclass
@@ -122,7 +146,7 @@ class _Loop:
 
     def __init__(self, study, search_space: SearchSpace, builder, evaluator, shape: Shape, policy: SpillPolicy,
                  memory: studies.StudyMemory, progress: ProgressPrinter, target: int, max_asks: int,
-                 deadline: float | None):
+                 deadline: float | None, coordination=None, gpu_lock=None):
         self.study, self.space, self.builder, self.evaluator = study, search_space, builder, evaluator
         self.shape, self.problem, self.arch = shape, shape.problem, search_space.arch
         self.policy, self.memory, self.progress = policy, memory, progress
@@ -133,6 +157,10 @@ class _Loop:
         self.this_run: Counter = Counter()
         self.eval_seconds = 0.0
         self._eval_started = 0.0
+        # The other processes on this study (peers.Solo for SQLite: nobody), and this GPU's evaluation turn
+        # when several workers share it (workers.GpuLock).
+        self.peers = coordination or peers.Solo(None)
+        self.gpu_lock = gpu_lock
 
     # -- asking ---------------------------------------------------------------------------------------------
 
@@ -140,13 +168,20 @@ class _Loop:
         return self.deadline is None or time.monotonic() < self.deadline
 
     def can_ask(self) -> bool:
-        wanted = self.target - self.memory.evaluated - len(self.in_flight)
+        self.peers.refresh()  # throttled; other processes' results and running configs count here too
+        wanted = self.target - self.memory.evaluated - self.peers.running_elsewhere - len(self.in_flight)
         return wanted > 0 and not self.exhausted and self.asks < self.max_asks and self.time_left()
 
     def ask(self) -> _Pending | None:
         """One ask: a new valid config to build, or None when the ask was settled on the spot."""
-        t = self.study.ask()
-        self.asks += 1
+        # Critical: once the trial exists in the storage, a Ctrl-C must find it told or in flight (interrupts.py).
+        with interrupts.critical():
+            t = self.study.ask()
+            self.peers.held(t)  # first heartbeat (shared storages)
+            self.asks += 1
+            return self._place(t)
+
+    def _place(self, t) -> _Pending | None:
         config = self.space.suggest(t)
         violations = space.violations(config, self.problem, self.arch)
         if violations:  # never reaches nvcc
@@ -160,6 +195,16 @@ class _Loop:
         pending = self.in_flight.get(config.key)
         if pending is not None:  # asked again while on its way: told together with the first ask
             pending.followers.append(t)
+            return None
+        verdict = self.peers.claim(t, config)  # shared storages: is another process on it, or done with it?
+        if verdict.kind == "judged":
+            self._tell(t, trial_mod.reused(verdict.outcome, trial_mod.DUPLICATE_OF, verdict.number, config,
+                                           self.problem), config, remember=False)
+            return None
+        if verdict.kind == "running":
+            trial_mod.defer(self.study, t, config, verdict.number)
+            self.peers.released(t)
+            self.this_run["deferred"] += 1
             return None
         pending = _Pending(t, config)
         self.in_flight[config.key] = pending
@@ -183,6 +228,8 @@ class _Loop:
         return True
 
     def start_eval(self, pending: _Pending, build) -> None:
+        if self.gpu_lock is not None:
+            self.gpu_lock.acquire()  # another worker may be timing on this GPU: wait for its turn to end
         self._eval_started = time.monotonic()
         self.evaluator.submit(build, self.shape)
 
@@ -190,36 +237,57 @@ class _Loop:
         return self.evaluator.wait(block_for)
 
     def finish_eval(self, pending: _Pending, build, ev) -> None:
+        if self.gpu_lock is not None:
+            self.gpu_lock.release()
         self.eval_seconds += time.monotonic() - self._eval_started
         self.finish(pending, trial_mod.after_eval(build, ev))
 
     def should_stop(self) -> bool:
         return not self.time_left()
 
+    def wait_for_others(self) -> bool:
+        """Nothing is left to ask, build or run here. On a shared storage, other processes' running trials may
+        still finish (the budget is met) or die (their retries come back to be asked): wait a little and say
+        True while that can happen; False ends the loop."""
+        if (self.memory.evaluated >= self.target or self.exhausted or self.asks >= self.max_asks
+                or not self.time_left()):
+            return False
+        self.peers.refresh(force=True)
+        if not self.peers.others_active():
+            return False
+        time.sleep(WAIT_SECONDS)
+        return True
+
     # -- telling --------------------------------------------------------------------------------------------
 
     def finish(self, pending: _Pending, outcome: Outcome) -> None:
-        self.in_flight.pop(pending.config.key, None)
-        self._tell(pending.trial, outcome, pending.config, remember=True)
-        original = self.memory.by_config[pending.config.key].number
-        for follower in pending.followers:
-            self._tell(follower, trial_mod.reused(outcome, trial_mod.DUPLICATE_OF, original, pending.config,
-                                                  self.problem), pending.config, remember=False)
+        with interrupts.critical():  # told, then out of in_flight: an interrupt never finds it half-way
+            self._tell(pending.trial, outcome, pending.config, remember=True)
+            original = self.memory.by_config[pending.config.key].number
+            for follower in pending.followers:
+                self._tell(follower, trial_mod.reused(outcome, trial_mod.DUPLICATE_OF, original, pending.config,
+                                                      self.problem), pending.config, remember=False)
+            self.in_flight.pop(pending.config.key, None)
 
     def abandon(self, reason: str) -> int:
         """FAIL every trial asked but not told (they do not count, and their configs may come again)."""
         n = 0
-        for pending in list(self.in_flight.values()):
-            for t in [pending.trial, *pending.followers]:
-                trial_mod.abandon(self.study, t, reason)
-                n += 1
-        self.in_flight.clear()
+        with interrupts.critical():
+            if self.gpu_lock is not None:
+                self.gpu_lock.release()
+            for pending in list(self.in_flight.values()):
+                for t in [pending.trial, *pending.followers]:
+                    trial_mod.abandon(self.study, t, reason)
+                    self.peers.released(t)
+                    n += 1
+            self.in_flight.clear()
         self.this_run["cancelled"] += n
         return n
 
     def _tell(self, t, outcome: Outcome, config: Config, remember: bool) -> None:
         if trial_mod.tell(self.study, t, outcome):
             self.exhausted = True
+        self.peers.released(t)
         self.this_run[outcome.status] += 1
         if remember:
             self.memory.remember(t.number, config, self.problem, outcome)
@@ -228,17 +296,41 @@ class _Loop:
 
 def run_search(options: SearchOptions, *, builder=None, evaluator=None, log: Callable[[str], None] = print,
                store=None) -> SearchResult:
-    """Run (or resume) the study described by `options`; returns what happened. See the module docstring."""
-    import optuna
+    """Run (or resume) the study described by `options`; returns what happened. See the module docstring.
 
-    from . import storage_url
-
+    Ctrl-C raises SearchInterrupted (a KeyboardInterrupt) carrying the result so far, after failing the trials
+    in flight. `options.workers > 1` runs that many worker processes on the study (workers.py)."""
     options.check()
-    started = time.monotonic()
     studies.quiet_optuna()
-    if options.replay is not None:
-        options, builder, evaluator, store = _replay(options, builder, evaluator, store)
-    url = storage_url.prepare(storage_url.resolve_storage_url(options.storage))
+    if options.workers > 1:
+        from .workers import run_workers
+
+        return run_workers(options, evaluator=evaluator, log=log, store=store)
+    with interrupts.deferred_interrupts():
+        return _run(options, builder=builder, evaluator=evaluator, log=log, store=store)
+
+
+@dataclass
+class _Session:
+    """What every search process sets up before it asks (a single search, a worker, the --workers launcher)."""
+
+    url: str
+    evaluator: object
+    own_evaluator: bool
+    gpu_name: str
+    arch: Arch
+    device_count: int | None
+    builder: object
+    provenance: dict
+    search_space: SearchSpace
+    name: str
+    storage: object  # optuna RDBStorage (peers.make_storage)
+    study: object
+
+
+def _open_session(options: SearchOptions, url: str, *, builder=None, evaluator=None, log=print,
+                  worker=None) -> _Session:
+    """The evaluator's device, the arch, the builder, and the study (created or loaded, attrs checked)."""
     own_evaluator = evaluator is None
     evaluator = evaluator or Evaluator(options.evaluator, timeout=options.eval_timeout)
     try:
@@ -252,18 +344,41 @@ def run_search(options: SearchOptions, *, builder=None, evaluator=None, log: Cal
         provenance = winner.provenance(builder)
         search_space = SearchSpace(options.shape.problem, arch, options.families)
         name = options.study_name or studies.default_study_name(gpu_name, options.shape, options.families)
-        if options.replay is not None and not options.study_name:
-            name = f"replay-{name}"  # never the name of the real study recorded on that GPU
         seed = options.seed
-        storage = optuna.storages.RDBStorage(url)
+        storage = peers.make_storage(url, options.heartbeat, options.grace)
         study = studies.open_study(name, storage, make_sampler(options.sampler, seed), options.shape, arch, gpu_name,
                                    provenance, log=log)
-        if seed is not None and study.trials:
-            # A resumed run must not replay the first run's random draws (they would all be duplicates).
-            study.sampler = make_sampler(options.sampler, seed + len(study.trials))
-        studies.fail_stale_running(study, log=log)
+        if seed is not None and (study.trials or worker is not None):
+            # A resumed run must not replay the first run's random draws (they would all be duplicates), nor
+            # may workers started together draw the same sequence.
+            offset = len(study.trials) + (7919 * worker.index if worker is not None else 0)
+            study.sampler = make_sampler(options.sampler, seed + offset)
+    except BaseException:
+        if own_evaluator:
+            evaluator.close()
+        raise
+    count = info.get("device_count")
+    return _Session(url, evaluator, own_evaluator, gpu_name, arch, count if isinstance(count, int) else None, builder,
+                    provenance, search_space, name, storage, study)
+
+
+def _run(options: SearchOptions, *, builder=None, evaluator=None, log: Callable[[str], None] = print, store=None,
+         worker=None) -> SearchResult:
+    """One search process: a single search (worker None: queues the first configs, ends with the finale) or
+    one of several workers (workers.WorkerRole: the launcher queues and re-times)."""
+    from . import storage_url
+
+    started = time.monotonic()
+    studies.quiet_optuna()  # again: a worker is a fresh process
+    url = storage_url.prepare(storage_url.resolve_storage_url(options.storage))
+    session = _open_session(options, url, builder=builder, evaluator=evaluator, log=log, worker=worker)
+    study, builder, evaluator, arch = session.study, session.builder, session.evaluator, session.arch
+    coordination = peers.for_storage(session.storage, url, log)
+    try:
         memory = studies.StudyMemory.load(study, options.shape.problem)
-        _enqueue(study, search_space, memory, options, arch)
+        coordination.start(study, memory, session.search_space)
+        if worker is None:
+            _queue_first(session, memory, options, store, log)
 
         target = options.trials
         remaining = max(0, target - memory.evaluated)
@@ -271,27 +386,45 @@ def run_search(options: SearchOptions, *, builder=None, evaluator=None, log: Cal
         # --timeout bounds the trial loop, from here: worker start-up and study loading are not trials
         deadline = time.monotonic() + options.timeout if options.timeout else None
         progress = ProgressPrinter(target, log=log, best=studies.top_trials(study, 1))
-        loop = _Loop(study, search_space, builder, evaluator, options.shape, options.spill_policy, memory, progress,
-                     target, max_asks, deadline)
+        loop = _Loop(study, session.search_space, builder, evaluator, options.shape, options.spill_policy, memory,
+                     progress, target, max_asks, deadline, coordination, worker.lock if worker else None)
         batch_size = options.ahead or max(2, getattr(builder, "jobs", 2))
-        log(f"study {name}: {memory.evaluated} of {target} trials already evaluated; batches of {batch_size}; "
-            f"storage {storage_url.describe(url)}")
-        stop_reason, pipeline = _run_pipeline(loop, options, batch_size)
+        log(f"study {session.name}: {memory.evaluated} of {target} trials already evaluated; batches of "
+            f"{batch_size}; storage {storage_url.describe(url)}")
+        stop_reason, pipeline, interrupted = _run_pipeline(loop, options, batch_size)
 
         result = SearchResult(
-            study_name=name, storage=storage_url.describe(url), gpu_name=gpu_name, arch=arch, shape=options.shape,
-            target=target, evaluated=memory.evaluated, this_run=loop.this_run, counts=studies.status_counts(study),
-            asks=loop.asks, stop_reason=stop_reason, top=[],
+            study_name=session.name, storage=storage_url.describe(url), gpu_name=session.gpu_name, arch=arch,
+            shape=options.shape, target=target, evaluated=memory.evaluated, this_run=loop.this_run,
+            counts=studies.status_counts(study), asks=loop.asks, stop_reason=stop_reason, top=[],
             idle_seconds=pipeline.idle_for_builds, idle_other_seconds=pipeline.idle_other,
             first_eval_after=pipeline.first_eval_after, build_seconds=pipeline.build_seconds,
-            eval_seconds=loop.eval_seconds,
+            eval_seconds=loop.eval_seconds, interrupted=interrupted,
         )
-        _finale(result, study, builder, evaluator, options, provenance, store or url, log)
+        if interrupted:
+            result.top = studies.top_trials(study, TOP_N)
+            result.wall_seconds = time.monotonic() - started
+            raise SearchInterrupted(result)
+        if worker is None:
+            _finale(result, study, builder, evaluator, options, session.provenance, store or url, log)
         result.wall_seconds = time.monotonic() - started
         return result
     finally:
-        if own_evaluator:
+        coordination.close()
+        if session.own_evaluator:
             evaluator.close()
+
+
+def _queue_first(session: _Session, memory, options: SearchOptions, store, log) -> None:
+    """A fresh study's first trials: the best configs of tuned neighbour shapes (--warm-start), the heuristic
+    default of each family, then --enqueue."""
+    warm: list[Config] = []
+    if options.warm_start and not session.study.trials:
+        from . import warmstart
+
+        warm = warmstart.neighbour_configs(store or session.url, session.storage, options.shape, session.gpu_name,
+                                           session.arch, options.warm_start, log=log)
+    _enqueue(session.study, session.search_space, memory, options, session.arch, warm)
 
 
 def _finale(result: SearchResult, study, builder, evaluator, options: SearchOptions, provenance: dict, store,
@@ -319,11 +452,16 @@ def _finale(result: SearchResult, study, builder, evaluator, options: SearchOpti
             store.close()
 
 
-def _run_pipeline(loop: _Loop, options: SearchOptions, batch_size: int) -> tuple[str, Pipeline]:
-    """Run the ask → build → evaluate pipeline; returns (why it stopped, the Pipeline with its timings)."""
+def _run_pipeline(loop: _Loop, options: SearchOptions, batch_size: int) -> tuple[str, Pipeline, bool]:
+    """Run the ask → build → evaluate pipeline; returns (why it stopped, the Pipeline with its timings,
+    whether Ctrl-C stopped it)."""
     pipeline = Pipeline(loop, batch_size)
     try:
         leftovers = pipeline.run()
+    except KeyboardInterrupt:
+        n = loop.abandon("interrupted (Ctrl-C) before it was evaluated")
+        return (f"interrupted (Ctrl-C): {n} trial(s) in flight marked failed; run the same command again to "
+                "resume", pipeline, True)
     except BaseException:
         loop.abandon("interrupted before it was evaluated")
         raise
@@ -338,12 +476,14 @@ def _run_pipeline(loop: _Loop, options: SearchOptions, batch_size: int) -> tuple
     else:
         reason = (f"stopped after {loop.asks} asks without enough new valid configs (the valid space may be "
                   "exhausted, or the sampler keeps proposing invalid or repeated ones)")
-    return reason, pipeline
+    return reason, pipeline, False
 
 
-def _enqueue(study, search_space: SearchSpace, memory, options: SearchOptions, arch: Arch) -> None:
-    """A fresh study starts with the heuristic default of each family (a known-good baseline for the sampler)
-    and any configs the caller asked for; configs the study already judged are not queued again."""
+def _enqueue(study, search_space: SearchSpace, memory, options: SearchOptions, arch: Arch,
+             warm: list[Config] = ()) -> None:
+    """A fresh study starts with `warm` (neighbours' best configs), the heuristic default of each family (a
+    known-good baseline for the sampler) and any configs the caller asked for; configs the study already judged
+    are not queued again."""
     wanted = list(options.enqueue)
     if not study.trials:
         for family in search_space.families:
@@ -351,6 +491,7 @@ def _enqueue(study, search_space: SearchSpace, memory, options: SearchOptions, a
                 wanted.insert(0, space.default_config(options.shape.problem, arch, family))
             except (KeyError, ValueError):
                 pass
+    wanted = list(warm) + wanted
     seen = set(memory.by_config)
     for config in wanted:
         if config.key in seen:
@@ -360,31 +501,6 @@ def _enqueue(study, search_space: SearchSpace, memory, options: SearchOptions, a
             study.enqueue_trial(search_space.params(config), skip_if_exists=True)
         except ValueError:
             pass  # outside the searched domain (so certainly invalid): nothing to learn from queuing it
-
-
-def _replay(options: SearchOptions, builder, evaluator, store):
-    """Answer builds and evaluations from the landscape (autotune/replay.py). The shape must be the recorded one;
-    families default to the recorded ones. Studies go to an in-memory database unless --storage names one (a
-    replay must not mix with real studies, $AUTOTUNE_STORAGE included), and no best config is stored: nothing
-    new was measured."""
-    import dataclasses
-
-    from . import landscape as landscape_mod
-    from .replay import NullStore, ReplayBuilder, ReplayEvaluator
-
-    ls = options.replay
-    if not isinstance(ls, landscape_mod.Landscape):
-        ls = landscape_mod.load(ls)
-    if options.shape != ls.shape:
-        raise ValueError(f"--replay {ls.path or ls.name}: recorded for shape {ls.shape.key}, not {options.shape.key}")
-    families = options.families or ls.families
-    outside = [f for f in families if f not in ls.families]
-    if outside:
-        raise ValueError(f"--family {outside}: the landscape covers only {list(ls.families)}")
-    options = dataclasses.replace(options, replay=ls, families=tuple(families),
-                                  storage=options.storage or "sqlite:///:memory:")
-    return (options, builder or ReplayBuilder(ls, jobs=options.jobs or 1), evaluator or ReplayEvaluator(ls),
-            store if store is not None else NullStore())
 
 
 def _choose_arch(requested: str | None, device_arch: str | None) -> Arch:
@@ -402,4 +518,4 @@ def _choose_arch(requested: str | None, device_arch: str | None) -> Arch:
     return arch
 
 
-__all__ = ["DEFAULT_EVAL_TIMEOUT", "DEFAULT_TRIALS", "SearchOptions", "SearchResult", "run_search"]
+__all__ = ["DEFAULT_EVAL_TIMEOUT", "DEFAULT_TRIALS", "SearchInterrupted", "SearchOptions", "SearchResult", "run_search"]

@@ -80,7 +80,9 @@ def format_result(r) -> str:
     first = f", first evaluation after {r.first_eval_after:.1f} s" if r.first_eval_after is not None else ""
     lines.append(f"  GPU idle waiting for builds: {r.idle_seconds:.1f} s of {r.wall_seconds:.1f} s "
                  f"(idle otherwise: {r.idle_other_seconds:.1f} s{first}); building {r.build_seconds:.1f} s, "
-                 f"evaluating {r.eval_seconds:.1f} s")
+                 f"evaluating {r.eval_seconds:.1f} s" + (" (summed over the workers)" if r.workers else ""))
+    for line in r.workers:
+        lines.append(f"  {line}")
 
     lines.append("")
     header = f"  {'':<16} {'TFLOPS':>8} {'ms':>8} {'spread':>7} {'regs':>5} {'spill':>6} {'blk/SM':>6}  config"
@@ -114,7 +116,9 @@ def format_result(r) -> str:
 
     lines.append("")
     best = r.best
-    if best is None:
+    if r.interrupted:
+        lines.append("  interrupted: nothing was re-timed or stored; the same command resumes the study")
+    elif best is None:
         lines.append("  no valid configuration completed: nothing stored")
     else:
         flash = r.baselines.get("sdpa_flash")

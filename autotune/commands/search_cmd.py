@@ -14,60 +14,28 @@ import space
 
 USAGE_ERROR = 2
 NO_RESULT = 1
-
-
-# Shape flags default to None so that a --replay landscape can supply the shape; these fill the rest.
-SHAPE_DEFAULTS = {"seqlen": 4096, "seqlen_k": None, "batch": 4, "heads": 16, "kv_heads": None, "head_dim": 128,
-                  "dtype": "fp16", "causal": False}
-
-
-def add_shape_arguments(p) -> None:
-    """The shape flags (shared with `autotune sweep`)."""
-    shape = p.add_argument_group("shape")
-    shape.add_argument("--seqlen", type=int, default=None, help="query sequence length (default 4096)")
-    shape.add_argument("--seqlen-k", type=int, default=None, help="key/value sequence length (default: --seqlen)")
-    shape.add_argument("--batch", type=int, default=None, help="batch size (default 4)")
-    shape.add_argument("--heads", type=int, default=None, help="query heads (default 16)")
-    shape.add_argument("--kv-heads", type=int, default=None, help="key/value heads, dividing --heads (default: --heads)")
-    shape.add_argument("--head-dim", type=int, default=None, choices=space.HEAD_DIMS, help="head dimension (default 128)")
-    shape.add_argument("--dtype", default=None, choices=space.DTYPES, help="element type (default fp16)")
-    shape.add_argument("--causal", action="store_const", const=True, default=None,
-                       help="causal (top-left aligned) masking")
-
-
-def shape_from_args(args: argparse.Namespace, base: space.Shape | None = None) -> space.Shape:
-    """The Shape the flags describe; flags left out come from `base` (a replayed landscape's shape), else from
-    SHAPE_DEFAULTS. ValueError names the flag at fault."""
-    values = {}
-    for name, default in SHAPE_DEFAULTS.items():
-        given = getattr(args, name)
-        if given is not None:
-            values[name] = given
-        elif base is not None:
-            values[name] = getattr(base, "seqlen_q" if name == "seqlen" else name)
-        else:
-            values[name] = default
-    for name in ("seqlen", "batch", "heads"):
-        if values[name] < 1:
-            raise ValueError(f"--{name}: expected a positive integer, got {values[name]}")
-    try:
-        return space.Shape(batch=values["batch"], heads=values["heads"], seqlen_q=values["seqlen"],
-                           seqlen_k=values["seqlen_k"], head_dim=values["head_dim"], dtype=values["dtype"],
-                           causal=values["causal"], kv_heads=values["kv_heads"])
-    except ValueError as err:  # space says "kv_heads: must divide heads ..."; name the flag instead
-        field, _, message = str(err).partition(":")
-        flag = {"seqlen_q": "seqlen"}.get(field, field).replace("_", "-")
-        raise ValueError(f"--{flag}:{message}") from None
+INTERRUPTED = 130  # Ctrl-C, after the summary (the shell's convention: 128 + SIGINT)
 
 
 def add_parser(subparsers) -> None:
+    from autotune.peers import DEFAULT_GRACE, DEFAULT_HEARTBEAT
     from autotune.sampling import SAMPLERS
     from autotune.search import DEFAULT_EVAL_TIMEOUT, DEFAULT_TRIALS
 
     p = subparsers.add_parser("search", help="search the fastest kernel config for one shape (needs a GPU)",
                               description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_shape_arguments(p)
+    shape = p.add_argument_group("shape")
+    shape.add_argument("--seqlen", type=int, nargs="+", default=None, metavar="N",
+                       help="query sequence length (default 4096); several values tune each shape in turn, "
+                            "warm-starting each from the ones tuned before (as `autotune campaign`)")
+    shape.add_argument("--seqlen-k", type=int, default=None, help="key/value sequence length (default: --seqlen)")
+    shape.add_argument("--batch", type=int, default=4, help="batch size (default 4)")
+    shape.add_argument("--heads", type=int, default=16, help="query heads (default 16)")
+    shape.add_argument("--kv-heads", type=int, default=None, help="key/value heads, dividing --heads (default: --heads)")
+    shape.add_argument("--head-dim", type=int, default=128, choices=space.HEAD_DIMS, help="head dimension (default 128)")
+    shape.add_argument("--dtype", default="fp16", choices=space.DTYPES, help="element type (default fp16)")
+    shape.add_argument("--causal", action="store_true", help="causal (top-left aligned) masking")
 
     s = p.add_argument_group("search")
     s.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
@@ -95,6 +63,23 @@ def add_parser(subparsers) -> None:
                    help="try this config first (repeatable), e.g. a known good one from `autotune best`")
     s.add_argument("--retime", type=int, default=3, metavar="N",
                    help="re-time the top N configs in one session before storing the best (default 3)")
+    s.add_argument("--warm-start", type=int, default=None, metavar="K",
+                   help="a fresh study first tries the best K configs of the nearest tuned shapes (default 0; "
+                        "4 with several --seqlen values)")
+
+    w = p.add_argument_group("several processes and hosts (docs/distributed.md)")
+    w.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="N worker processes on the study, spread over the visible GPUs (more workers than GPUs "
+                        "share them; evaluations take turns); needs a PostgreSQL --storage. On several hosts, run "
+                        "the same command with the same --storage (default 1)")
+    w.add_argument("--gpus", default=None, metavar="LIST",
+                   help="CUDA devices for the workers, e.g. 0,1 (default: every visible GPU)")
+    w.add_argument("--heartbeat", type=int, default=DEFAULT_HEARTBEAT, metavar="SECONDS",
+                   help=f"shared storages: seconds between heartbeats of the trials in flight (default "
+                        f"{DEFAULT_HEARTBEAT})")
+    w.add_argument("--grace", type=int, default=DEFAULT_GRACE, metavar="SECONDS",
+                   help=f"shared storages: a trial without a heartbeat for this long belonged to a dead process; "
+                        f"it is failed and re-queued once (default {DEFAULT_GRACE})")
 
     e = p.add_argument_group("build and evaluation")
     e.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
@@ -110,11 +95,6 @@ def add_parser(subparsers) -> None:
     e.add_argument("--evaluator", default=None, metavar="MODULE:FUNCTION",
                    help="for tests and replays: evaluate with this function instead of autotune.measure:evaluate "
                         "(it runs in the child process; no GPU needed if it needs none)")
-    e.add_argument("--replay", default=None, metavar="FILE",
-                   help="answer every build and evaluation from a landscape recorded by `autotune sweep` (no nvcc, "
-                        "no GPU; docs/search.md): shape, arch and families default to the recorded ones, a config "
-                        "the file lacks is an error, studies go to an in-memory database unless --storage is given, "
-                        "and no best config is stored")
     p.set_defaults(run=run)
 
 
@@ -128,12 +108,16 @@ def options_from_args(args: argparse.Namespace):
     from autotune.search import SearchOptions
     from autotune.trial import SpillPolicy
 
-    replay = None
-    if args.replay is not None:
-        from autotune.landscape import load
-
-        replay = load(args.replay)  # LandscapeError (a ValueError) names the file
-    shape = shape_from_args(args, replay.shape if replay else None)
+    for name in ("seqlen", "batch", "heads"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name}: expected a positive integer, got {getattr(args, name)}")
+    try:
+        shape = space.Shape(batch=args.batch, heads=args.heads, seqlen_q=args.seqlen, seqlen_k=args.seqlen_k,
+                            head_dim=args.head_dim, dtype=args.dtype, causal=args.causal, kv_heads=args.kv_heads)
+    except ValueError as err:  # space says "kv_heads: must divide heads ..."; name the flag instead
+        field, _, message = str(err).partition(":")
+        flag = {"seqlen_q": "seqlen"}.get(field, field).replace("_", "-")
+        raise ValueError(f"--{flag}:{message}") from None
     enqueue = []
     for key in args.enqueue:
         try:
@@ -147,7 +131,9 @@ def options_from_args(args: argparse.Namespace):
         storage=args.storage, study_name=args.study, arch=args.arch,
         families=tuple(args.family) if args.family else None, spill_policy=SpillPolicy.parse(args.spill_policy),
         jobs=args.jobs, ahead=args.ahead, eval_timeout=args.eval_timeout, cache_dir=args.cache_dir,
-        retime_top=args.retime, enqueue=tuple(enqueue), max_asks=args.max_asks, replay=replay,
+        retime_top=args.retime, enqueue=tuple(enqueue), max_asks=args.max_asks,
+        workers=args.workers, gpus=tuple(d for d in args.gpus.split(",") if d.strip()) if args.gpus else None,
+        heartbeat=args.heartbeat, grace=args.grace, warm_start=args.warm_start or 0,
         **({"evaluator": args.evaluator} if args.evaluator else {}),
     )
 
@@ -155,18 +141,21 @@ def options_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from autotune.build import BuildError
     from autotune.nvcc import NvccNotFoundError
-    from autotune.replay import ReplayError
-    from autotune.search import run_search
+    from autotune.search import SearchInterrupted, run_search
     from autotune.studies import StudyMismatchError
     from autotune.summary import format_result
     from autotune.worker import EvaluatorError, WorkerStartError
 
+    seqlens = args.seqlen or [4096]
+    if len(seqlens) > 1:
+        return _several_shapes(args, seqlens)
+    args.seqlen = seqlens[0]
     try:
         options = options_from_args(args)
         options.check()
     except ValueError as err:
         return _fail(str(err))
-    if args.evaluator is None and args.replay is None:
+    if args.evaluator is None:
         from autotune.gpu_arch import NoGpuError, detect_arch
 
         try:
@@ -177,9 +166,13 @@ def run(args: argparse.Namespace) -> int:
                          "--arch sm_XX` (it builds the valid configs and shows registers and spills).")
     try:
         result = run_search(options)
+    except SearchInterrupted as interrupted:  # Ctrl-C: the trials in flight are failed; say where we stand
+        print()
+        print(format_result(interrupted.result))
+        return INTERRUPTED
     except (StudyMismatchError, NvccNotFoundError) as err:  # fixable by the command line or the environment
         return _fail(str(err))
-    except (WorkerStartError, EvaluatorError, BuildError, ReplayError) as err:  # the machinery (or the replay) failed
+    except (WorkerStartError, EvaluatorError, BuildError) as err:  # the machinery itself failed
         print(f"autotune search: {err}", file=sys.stderr)
         return NO_RESULT
     except ValueError as err:
@@ -189,6 +182,32 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(err))
     print()
     print(format_result(result))
-    if args.replay is not None:
-        print(f"  replayed from {args.replay}: nothing was compiled or run, and nothing was stored")
     return 0 if result.best is not None else NO_RESULT
+
+
+def _several_shapes(args: argparse.Namespace, seqlens: list[int]) -> int:
+    """`--seqlen A B ...`: one study per shape, in order, each warm-started from those tuned before it (the
+    campaign machinery, autotune/campaign.py)."""
+    import copy
+    import dataclasses
+
+    from autotune.campaign import DEFAULT_WARM_START
+    from autotune.commands.campaign_cmd import execute
+
+    if args.study:
+        return _fail("--study names one study; with several --seqlen values leave it out (each shape gets its own)")
+    if len(set(seqlens)) != len(seqlens):
+        return _fail(f"--seqlen: a value is repeated in {seqlens}")
+    plans = []
+    try:
+        for seqlen in seqlens:
+            one = copy.copy(args)
+            one.seqlen = seqlen
+            options = options_from_args(one)
+            if args.warm_start is None:
+                options = dataclasses.replace(options, warm_start=DEFAULT_WARM_START)
+            options.check()
+            plans.append(options)
+    except ValueError as err:
+        return _fail(str(err))
+    return execute(plans, needs_gpu=args.evaluator is None)

@@ -1,0 +1,151 @@
+"""Campaigns: the file formats, and warm starts from tuned neighbours (SQLite, real builds of the configs of
+tests/test_search.py — the same problem at every seqlen, so the session's kernel cache serves them all — and the
+evaluator double)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+import search_doubles
+from autotune import campaign, studies
+from autotune.cli import main
+from autotune.search import SearchOptions, run_search
+from space import Shape
+from test_search import A, B, DEFAULT, E, SHAPE
+
+NEAR = dataclasses.replace(SHAPE, seqlen_q=512, seqlen_k=512)   # distance 1 from SHAPE
+FAR = dataclasses.replace(SHAPE, seqlen_q=8192, seqlen_k=8192)  # distance 5
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch, build_cache_dir):
+    monkeypatch.setenv("AUTOTUNE_DOUBLE_LOG", str(tmp_path / "double-calls.jsonl"))
+    monkeypatch.delenv("AUTOTUNE_DOUBLE_PLAN", raising=False)
+    monkeypatch.delenv("AUTOTUNE_STORAGE", raising=False)
+    return {"url": f"sqlite:///{tmp_path / 'c.db'}", "cache": str(build_cache_dir), "tmp": tmp_path}
+
+
+def opts(env, shape, **kw) -> SearchOptions:
+    base = dict(shape=shape, trials=2, storage=env["url"], arch="sm_80", evaluator="search_doubles:evaluate",
+                sampler="random", seed=0, eval_timeout=60, cache_dir=env["cache"], jobs=2, retime_top=1)
+    base.update(kw)
+    return SearchOptions(**base)
+
+
+def first_evaluated(url: str, name: str) -> str:
+    import optuna
+
+    study = optuna.load_study(study_name=name, storage=url)
+    built = [t for t in sorted(study.trials, key=lambda t: t.number)
+             if t.user_attrs.get("status") not in (None, "invalid")]
+    return built[0].user_attrs["config_key"]
+
+
+def test_a_new_shape_starts_from_its_nearest_tuned_neighbours_best(env):
+    assert search_doubles.fake_tflops(E) > search_doubles.fake_tflops(A) > search_doubles.fake_tflops(B)
+    far = run_search(opts(env, FAR, enqueue=(A,)), log=lambda _: None)    # FAR's best: A (and DEFAULT)
+    near = run_search(opts(env, SHAPE, trials=3, enqueue=(B, E)), log=lambda _: None)  # SHAPE's best: E
+    assert near.best.config == E and far.best.config != E
+
+    lines: list[str] = []
+    warm = run_search(opts(env, NEAR, warm_start=2), log=lines.append)
+    # the nearest neighbour's winner first, then the farther one's: before the heuristic default
+    assert first_evaluated(env["url"], warm.study_name) == E.key
+    assert any(line.startswith("warm start: 2 config(s)") and SHAPE.key in line and FAR.key in line
+               for line in lines), lines
+    import optuna
+
+    study = optuna.load_study(study_name=warm.study_name, storage=env["url"])
+    assert studies.trials_to_best(study) == 1
+    queued = [t.user_attrs.get("config_key") for t in sorted(study.trials, key=lambda t: t.number)][:2]
+    assert queued == [E.key, far.best.config.key]
+
+    cold = run_search(opts(env, NEAR, study_name="cold", trials=1), log=lambda _: None)
+    assert first_evaluated(env["url"], cold.study_name) == DEFAULT.key  # without warm start: the heuristic
+
+
+def test_campaign_runs_shapes_in_order_and_warm_starts_the_later_ones(env, capsys):
+    path = env["tmp"] / "c.toml"
+    path.write_text(f"""
+[defaults]
+batch = 1
+heads = 2
+head_dim = 128
+trials = 2
+enqueue = ["{E.key}"]
+
+[[shapes]]
+seqlen = 256
+
+[[shapes]]
+seqlen = 512
+enqueue = []
+""")
+    common = ["--storage", env["url"], "--evaluator", "search_doubles:evaluate", "--arch", "sm_80",
+              "--cache-dir", env["cache"], "--jobs", "2", "--sampler", "random"]
+    assert main(["campaign", str(path), *common, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "1. b1-h2-n256-d128-fp16-full: 2 trials, sampler random, warm start 4" in out
+    assert "2. b1-h2-n512-d128-fp16-full" in out
+
+    assert main(["campaign", str(path), *common]) == 0
+    out = capsys.readouterr().out
+    assert "== campaign 2/2: b1-h2-n512-d128-fp16-full" in out and "warm start: " in out
+    table = out[out.index("campaign: 2 shape(s)"):]
+    assert "b1-h2-n256-d128-fp16-full" in table and E.key in table
+    n512 = [line for line in table.splitlines() if "n512" in line][0]
+    assert n512.split()[1:3] == ["2", "1"]  # 2 trials evaluated; the best was the first (E, warm-started)
+
+
+def test_campaign_files_toml_json_yaml_and_their_errors(tmp_path):
+    shapes = [{"seqlen": 1024}, {"seqlen": 4096, "causal": True, "trials": 60, "family": "mma_sync"}]
+    doc = {"defaults": {"head_dim": 64, "trials": 10, "warm_start": 2}, "shapes": shapes}
+    (tmp_path / "c.json").write_text(json.dumps(doc))
+    (tmp_path / "c.yaml").write_text("defaults: {head_dim: 64, trials: 10, warm_start: 2}\nshapes:\n"
+                                     "  - seqlen: 1024\n  - {seqlen: 4096, causal: true, trials: 60, family: mma_sync}\n")
+    (tmp_path / "c.toml").write_text('[defaults]\nhead_dim = 64\ntrials = 10\nwarm_start = 2\n[[shapes]]\nseqlen = 1024\n'
+                                     '[[shapes]]\nseqlen = 4096\ncausal = true\ntrials = 60\nfamily = "mma_sync"\n')
+    expected = [campaign.Entry(Shape(seqlen_q=1024, head_dim=64), {"trials": 10, "warm_start": 2}),
+                campaign.Entry(Shape(seqlen_q=4096, head_dim=64, causal=True),
+                               {"trials": 60, "warm_start": 2, "families": ("mma_sync",)})]
+    for name in ("c.json", "c.yaml", "c.toml"):
+        assert campaign.load(tmp_path / name) == expected, name
+    assert campaign.parse([{"seqlen": 128}]) == [campaign.Entry(Shape(seqlen_q=128))]  # a bare list of shapes
+
+    base = SearchOptions(shape=SHAPE, trials=99, sampler="random")
+    plans = campaign.plan(expected, base)
+    assert [(p.shape, p.trials, p.sampler, p.warm_start) for p in plans] == [
+        (expected[0].shape, 10, "random", 2), (expected[1].shape, 60, "random", 2)]
+
+    for bad, message in ((["x"], r"shapes\[0\]: expected a table"), ({"shapes": []}, "non-empty"),
+                         ([{"seqlen": 1, "speed": 2}], r"unknown key\(s\) \['speed'\]"),
+                         ([{"seqlen": 0}], r"shapes\[0\]: seqlen_q: expected a positive integer"),
+                         ([{"trials": "many"}], r"shapes\[0\]: trials: expected an integer"),
+                         ([{"enqueue": ["nope"]}], r"shapes\[0\]: enqueue"),
+                         ([{"seqlen": 64}, {"seqlen": 64}], r"shapes\[1\] repeats shapes\[0\]"),
+                         ({"shape": []}, "unknown top-level")):
+        with pytest.raises(campaign.CampaignError, match=message):
+            campaign.parse(bad)
+    (tmp_path / "c.txt").write_text("")
+    with pytest.raises(campaign.CampaignError, match="expected a .toml"):
+        campaign.load(tmp_path / "c.txt")
+    (tmp_path / "broken.toml").write_text("[defaults\n")
+    with pytest.raises(campaign.CampaignError, match="not valid TOML"):
+        campaign.load(tmp_path / "broken.toml")
+
+
+def test_search_with_several_seqlens_is_a_campaign(env, capsys):
+    common = ["--batch", "1", "--heads", "2", "--head-dim", "128", "--storage", env["url"], "--evaluator",
+              "search_doubles:evaluate", "--arch", "sm_80", "--cache-dir", env["cache"], "--jobs", "2", "--sampler",
+              "random", "--trials", "2", "--retime", "1"]
+    assert main(["search", "--seqlen", "256", "512", "--enqueue", E.key, *common]) == 0
+    out = capsys.readouterr().out
+    assert "== campaign 1/2: b1-h2-n256-d128-fp16-full (2 trials, warm start 4)" in out
+    assert "warm start: 1 config(s) from tuned neighbour(s) b1-h2-n256-d128-fp16-full" in out
+    assert "campaign: 2 shape(s)" in out
+    assert main(["search", "--seqlen", "256", "256", *common]) == 2
+    assert "repeated" in capsys.readouterr().err
+    assert main(["search", "--seqlen", "256", "512", "--study", "x", *common]) == 2
+    assert "--study names one study" in capsys.readouterr().err

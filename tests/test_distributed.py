@@ -1,0 +1,368 @@
+"""Several processes on one study: `--workers`, heartbeats and stale-trial retry, claims, Ctrl-C, SQLite's rule.
+
+A real PostgreSQL server (tests/pg_server.py) holds the studies; the build layer is real (the configs are those of
+tests/test_search.py, so the session's shared kernel cache already has them when that module ran first); the GPU
+step is tests/search_doubles.py in each worker's evaluation child. Evaluations that must be caught in flight are
+made slow on purpose (the double's "slow" and "hang_once" plans).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import search_doubles
+from autotune import trial as trial_mod
+from autotune.claims import Claims
+from autotune.search import SearchInterrupted, SearchOptions, run_search
+from pg_server import pg_server, postgres_url  # noqa: F401  (pytest fixtures)
+from test_search import A, A_Q, ARCH, B, C, E, PROBLEM, SHAPE
+from test_cli_search import SHAPE_ARGS
+
+TESTS = Path(__file__).resolve().parent
+HEARTBEAT, GRACE = 1, 4   # seconds: quick to detect a dead worker, and 4 beats of slack on a loaded CI box
+
+
+@pytest.fixture
+def double(tmp_path, monkeypatch):
+    """The double's call log and plan, through the environment every worker and evaluation child inherits."""
+
+    class Double:
+        log = tmp_path / "double-calls.jsonl"
+        plan_path = tmp_path / "double-plan.json"
+
+        def plan(self, actions: dict) -> None:
+            self.plan_path.write_text(json.dumps({c.key: a for c, a in actions.items()}))
+
+        def calls(self, kind: str = "evaluate") -> list[dict]:
+            if not self.log.is_file():
+                return []
+            lines = [json.loads(x) for x in self.log.read_text().splitlines() if x.strip()]
+            return [c for c in lines if c["call"] == kind]
+
+        def wait_for(self, predicate, timeout: float = 120.0) -> dict:
+            end = time.monotonic() + timeout
+            while time.monotonic() < end:
+                for c in self.calls():
+                    if predicate(c):
+                        return c
+                time.sleep(0.05)
+            raise AssertionError(f"the double saw no such evaluation within {timeout} s: {self.calls()}")
+
+    d = Double()
+    d.plan({})
+    monkeypatch.setenv("AUTOTUNE_DOUBLE_LOG", str(d.log))
+    monkeypatch.setenv("AUTOTUNE_DOUBLE_PLAN", str(d.plan_path))
+    monkeypatch.setenv("AUTOTUNE_DOUBLE_SLOW", "1.0")
+    monkeypatch.setenv("AUTOTUNE_LOCK_DIR", str(tmp_path / "locks"))  # not the other test sessions' GPU locks
+    monkeypatch.delenv("AUTOTUNE_DOUBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return d
+
+
+def options(url: str, cache_dir, **kw) -> SearchOptions:
+    opts = dict(shape=SHAPE, trials=5, storage=url, study_name="d", arch="sm_80", evaluator="search_doubles:evaluate",
+                sampler="random", seed=0, eval_timeout=60, cache_dir=str(cache_dir), jobs=1, ahead=1, retime_top=1,
+                heartbeat=HEARTBEAT, grace=GRACE)
+    opts.update(kw)
+    return SearchOptions(**opts)
+
+
+def enqueue(url: str, configs, name: str = "d") -> None:
+    """Queue these exact trials (repeats included: two workers may then pop the same config at once)."""
+    import optuna
+
+    from autotune.sampling import SearchSpace
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=name, storage=url, direction="maximize", load_if_exists=True)
+    ss = SearchSpace(PROBLEM, ARCH)
+    for c in configs:
+        study.enqueue_trial(ss.params(c))
+
+
+def load(url: str, name: str = "d"):
+    import optuna
+
+    return optuna.load_study(study_name=name, storage=url)
+
+
+def no_trial_lost(study) -> None:
+    """Nothing RUNNING, and every failed trial says why — or is a dead worker's trial that was re-queued."""
+    retried = {t.system_attrs.get("failed_trial") for t in study.trials}
+    for t in study.trials:
+        assert t.state.name != "RUNNING", t.number
+        if t.state.name == "FAIL":
+            assert t.user_attrs.get("reason") or t.number in retried, (t.number, t.user_attrs)
+
+
+def evaluated_by_workers(double) -> list[dict]:
+    return [c for c in double.calls() if c["worker"] is not None]  # the launcher's re-timing has no index
+
+
+# ---- three workers, one study ------------------------------------------------------------------------------
+
+def test_three_workers_share_one_study_without_repeating_a_config(postgres_url, build_cache_dir, double,
+                                                                    monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_DOUBLE_DEVICES", "3")
+    double.plan({A: "meet", B: "meet", E: "meet", A_Q: "meet"})  # each evaluation waits for another worker's
+    # Repeats in the queue: two workers popping A at once must not both time it. The tail of repeats also
+    # serves the asks a worker may make near the end from a view of the others up to REFRESH_SECONDS old (a
+    # sampled config would cost a compile here; in real searches that overshoot is one batch at most).
+    enqueue(postgres_url, [A, B, A, E, A_Q, B, C, A, E, B, A_Q, A, C, E])
+    lines: list[str] = []
+    result = run_search(options(postgres_url, build_cache_dir, workers=3), log=lines.append)
+
+    study = load(postgres_url)
+    no_trial_lost(study)
+    assert result.evaluated == 5 and result.stop_reason == "reached 5 evaluated trials"
+    calls = evaluated_by_workers(double)
+    keys = Counter(c["config_key"] for c in calls)
+    assert set(keys) == {A.key, B.key, E.key, A_Q.key} and max(keys.values()) == 1, keys  # C spills: never run
+    # every original judged once; repeats reuse it or were skipped while it ran elsewhere
+    originals = Counter(t.user_attrs["config_key"] for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")
+                        and trial_mod.DUPLICATE_OF not in t.user_attrs and t.user_attrs["status"] != "invalid")
+    assert max(originals.values()) == 1 and len(originals) == 5
+    for t in study.trials:
+        if trial_mod.DUPLICATE_OF in t.user_attrs:
+            assert t.value == study.trials[t.user_attrs[trial_mod.DUPLICATE_OF]].value
+        if trial_mod.RUNNING_IN in t.user_attrs:
+            assert t.state.name == "FAIL" and "another process" in t.user_attrs["reason"]
+    owners = Claims(postgres_url).owners(study._study_id)
+    assert {k: owners[k] for k in originals} == {t.user_attrs["config_key"]: t.number for t in study.trials
+                                                 if t.user_attrs.get("config_key") in originals
+                                                 and t.state.name in ("COMPLETE", "PRUNED")
+                                                 and trial_mod.DUPLICATE_OF not in t.user_attrs}
+
+    # the work was shared, each worker pinned to its own GPU
+    assert len({c["worker"] for c in calls}) >= 2
+    assert {(c["worker"], c["device"]) for c in calls} <= {("0", "0"), ("1", "1"), ("2", "2")}
+
+    # one finale for the launcher: the winner re-timed once, stored, summary per worker
+    assert result.best is not None and result.best.config == E and result.record.action == "inserted"
+    assert len(result.workers) == 3 and any(line.startswith("[w1] ") for line in lines)
+
+
+def test_a_worker_killed_mid_trial_is_retried_and_the_study_completes(postgres_url, build_cache_dir, double,
+                                                                       monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_DOUBLE_DEVICES", "2")  # 3 workers on 2 "GPUs": w0 and w2 share GPU 0
+    double.plan({E: "hang_once", A: "slow", B: "slow"})
+    # Repeats after the five configs: the asks near the end take them (and reuse their results) instead of
+    # sampling new configs (a compile each), until the dead trial's retry, queued last, comes up.
+    enqueue(postgres_url, [A, E, B, A_Q, C, A, B, A_Q, C, A, B, A_Q])
+    killed = {}
+
+    def kill_the_worker_timing_e():
+        call = double.wait_for(lambda c: c["config_key"] == E.key and c["worker"] is not None)
+        killed.update(call)
+        os.kill(call["ppid"], signal.SIGKILL)  # the worker process (the evaluation child's parent)
+
+    killer = threading.Thread(target=kill_the_worker_timing_e, daemon=True)
+    killer.start()
+    lines: list[str] = []
+    result = run_search(options(postgres_url, build_cache_dir, workers=3), log=lines.append)
+    killer.join(5)
+    assert killed, "E was never evaluated"
+
+    study = load(postgres_url)
+    no_trial_lost(study)
+    assert result.evaluated == 5
+    e_trials = [t for t in study.trials if t.params and study_config(t) == E]
+    dead = [t for t in e_trials if t.state.name == "FAIL" and not t.user_attrs.get("reason")]
+    retries = [t for t in e_trials if t.system_attrs.get("failed_trial") is not None]
+    assert len(dead) == 1 and len(retries) == 1                    # failed by the heartbeat check, re-queued once
+    assert retries[0].system_attrs["failed_trial"] == dead[0].number
+    assert retries[0].state.name == "COMPLETE" and retries[0].value == search_doubles.fake_tflops(E)
+    assert Counter(c["config_key"] for c in double.calls("evaluated") if c["worker"] is not None)[E.key] == 1
+    assert any("died (killed by SIGKILL)" in line for line in lines)
+    assert any(f"trial #{dead[0].number}" in line and "re-queued once" in line for line in lines)
+    assert _gone(killed["pid"]), "the killed worker's evaluation child outlived it"
+    assert result.counts["died"] >= 1
+    # Workers sharing a GPU timed one kernel at a time (the lock), and a lock held by the killed worker was
+    # released with it (else its GPU's other worker would have waited forever).
+    assert {(c["worker"], c["device"]) for c in double.calls() if c["worker"]} <= {("0", "0"), ("1", "1"), ("2", "0")}
+    spans = sorted((c["started"], c["ended"]) for c in double.calls("evaluated") if c["device"] == "0" and c["worker"])
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), spans
+
+
+def study_config(t):
+    from autotune.sampling import SearchSpace
+
+    return SearchSpace(PROBLEM, ARCH).config_of(t.params)
+
+
+def _gone(pid: int, wait: float = 10.0) -> bool:
+    end = time.monotonic() + wait
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# ---- Ctrl-C ----------------------------------------------------------------------------------------------
+
+def cli(url: str, cache_dir, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "autotune.cli", "search", *SHAPE_ARGS, "--storage", url, "--study", "d",
+            "--evaluator", "search_doubles:evaluate", "--arch", "sm_80", "--cache-dir", str(cache_dir),
+            "--sampler", "random", "--jobs", "1", "--ahead", "1", "--retime", "1", "--heartbeat", str(HEARTBEAT),
+            "--grace", str(GRACE), *extra]
+
+
+def test_ctrl_c_fails_the_trials_in_flight_prints_the_summary_and_the_run_resumes(postgres_url, build_cache_dir,
+                                                                                   double, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_DOUBLE_DEVICES", "2")  # one GPU each: B's hang must not hold the other's turn
+    double.plan({A: "slow", B: "hang", E: "slow", A_Q: "slow"})
+    bare = postgres_url.replace("postgresql+psycopg://", "postgresql://")  # as people type it (storage_url.prepare)
+    args = cli(bare, build_cache_dir, "--workers", "2", "--trials", "4",
+               *[x for c in (A, B, E, A_Q) for x in ("--enqueue", c.key)])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    # Its own process group, like a terminal's foreground job; SIGINT at its default even if ours is ignored.
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        double.wait_for(lambda c: c["config_key"] == B.key)   # B hangs: certainly in flight
+        deadline = time.monotonic() + 60
+        while not completed(postgres_url) and time.monotonic() < deadline:
+            time.sleep(0.1)                                     # and something was told before Ctrl-C
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)                     # Ctrl-C: the whole group, as a terminal does
+        out, _ = proc.communicate(timeout=60)
+        assert time.monotonic() - t0 < 30  # promptly: the hung evaluation is not waited for
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out
+    assert "interrupted: nothing was re-timed or stored" in out and "trials by status:" in out, out
+
+    study = load(postgres_url)
+    no_trial_lost(study)
+    (b,) = [t for t in study.trials if t.user_attrs.get("config_key") == B.key or study_config(t) == B]
+    assert b.state.name == "FAIL" and "interrupted" in b.user_attrs["reason"]
+    done_before = {t.user_attrs["config_key"] for t in study.trials if t.state.name == "COMPLETE"}
+    judged_before = {t.user_attrs["config_key"] for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")
+                     and t.user_attrs["status"] != "invalid"}  # what --trials counts (invalid asks are free)
+    assert done_before and B.key not in judged_before
+
+    double.plan({})  # the same command again: B no longer hangs
+    again = subprocess.run(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
+    assert again.returncode == 0, again.stdout
+    assert f"{len(judged_before)} of 4 trials already evaluated" in again.stdout
+    runs = Counter(c["config_key"] for c in double.calls("evaluated") if c["worker"] is not None)
+    assert all(runs[k] == 1 for k in done_before), runs          # finished work was not redone
+    assert max(runs.values()) == 1, runs                         # nor was anything timed twice
+    study = load(postgres_url)
+    no_trial_lost(study)
+    judged = {t.user_attrs["config_key"] for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")
+              and t.user_attrs["status"] != "invalid"}
+    assert judged >= judged_before and len(judged) >= 4
+
+
+def completed(url: str) -> list:
+    import optuna
+
+    try:
+        return [t for t in load(url).trials if t.state == optuna.trial.TrialState.COMPLETE]
+    except KeyError:  # the study does not exist yet
+        return []
+
+
+# ---- SQLite ------------------------------------------------------------------------------------------------
+
+def test_workers_on_sqlite_are_refused_with_a_pointer_to_postgresql(tmp_path, build_cache_dir, double, capsys):
+    from autotune.cli import main
+    from autotune.workers import SqliteWorkersError
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with pytest.raises(SqliteWorkersError, match="PostgreSQL"):
+        run_search(options(url, build_cache_dir, workers=2))
+    assert double.calls("device_info") == []  # refused before anything started
+    assert main(["search", *SHAPE_ARGS, "--storage", url, "--workers", "2", "--evaluator", "search_doubles:evaluate",
+                 "--arch", "sm_80"]) == 2
+    err = capsys.readouterr().err
+    assert "--workers 2" in err and "postgresql://" in err and "docs/distributed.md" in err
+
+
+def test_sqlite_single_process_requeues_a_dead_runs_trial_once(tmp_path, build_cache_dir, double):
+    """The solo rule: a trial left RUNNING (process killed) is failed at the next start and retried once."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    enqueue(url, [A])
+    from autotune.sampling import SearchSpace
+
+    orphan = load(url).ask()           # as if a run died while timing A
+    assert SearchSpace(PROBLEM, ARCH).suggest(orphan) == A
+    result = run_search(options(url, build_cache_dir, trials=1))
+    study = load(url)
+    dead, retry = study.trials[orphan.number], study.trials[-1]
+    assert dead.state.name == "FAIL" and "left running" in dead.user_attrs["reason"]
+    assert retry.system_attrs["failed_trial"] == orphan.number and retry.state.name == "COMPLETE"
+    assert result.evaluated == 1
+    assert [c["config_key"] for c in double.calls()] == [A.key, A.key]  # the retry's trial, then the re-timing
+
+
+# ---- the pieces ---------------------------------------------------------------------------------------------
+
+def test_claims_one_winner_take_over_only_from_the_owner_seen(postgres_url):
+    from autotune.claims import Owner
+
+    a, b = Claims(postgres_url), Claims(postgres_url)
+    assert a.claim(1, "k", trial_id=10, trial_number=0) is None
+    owner = b.claim(1, "k", trial_id=11, trial_number=1)
+    assert (owner.trial_id, owner.trial_number) == (10, 0)
+    assert b.claim(2, "k", trial_id=12, trial_number=0) is None          # another study: its own claims
+    assert b.take_over(1, "k", owner, trial_id=11, trial_number=1)
+    assert not a.take_over(1, "k", owner, trial_id=13, trial_number=2)   # the owner it saw is no longer it
+    assert not a.take_over(1, "k", Owner(99, 9, "x"), trial_id=13, trial_number=2)
+    assert a.owners(1) == {"k": 1}
+
+
+def test_a_result_told_after_another_process_failed_the_trial_is_kept(postgres_url):
+    import optuna
+
+    study = optuna.create_study(study_name="late", storage=postgres_url, direction="maximize")
+    t = study.ask()
+    t.suggest_categorical("x", [1, 2])
+    other = optuna.load_study(study_name="late", storage=postgres_url)
+    other.tell(t.number, state=optuna.trial.TrialState.FAIL)  # as the stale-trial check of another process does
+    outcome = trial_mod.Outcome("complete", "", {"tflops": 123.0, "config_key": "k", "status": "complete"})
+    assert trial_mod.tell(study, t, outcome) is False
+    late = [x for x in load(postgres_url, "late").trials if x.number != t.number]
+    assert len(late) == 1 and late[0].value == 123.0 and late[0].params == {"x": t.params["x"]}
+    assert late[0].user_attrs[trial_mod.LATE_FOR] == t.number and late[0].user_attrs["config_key"] == "k"
+
+
+def test_a_ctrl_c_inside_a_critical_section_waits_for_its_end():
+    from autotune import interrupts
+
+    done = []
+    with interrupts.deferred_interrupts():
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts.critical():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)  # the handler has run by now, and deferred
+                done.append("the section finished")
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    assert done == ["the section finished"]
+
+
+def test_devices_for_workers(monkeypatch):
+    from autotune.workers import assign, visible_devices
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_devices(None, 2) == ["0", "1"] and visible_devices(None, None) == ["0"]
+    assert visible_devices(("3", " 5"), 8) == ["3", "5"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6,7")
+    assert visible_devices(None, 2) == ["4", "6"]  # the count the evaluator sees is authoritative
+    assert assign(5, ["4", "6"]) == ["4", "6", "4", "6", "4"]
