@@ -65,6 +65,7 @@ class SearchOptions:
     heartbeat: int = peers.DEFAULT_HEARTBEAT  # shared storages: seconds between heartbeats of the trials in flight
     grace: int = peers.DEFAULT_GRACE       # shared storages: seconds without a heartbeat before a trial is dead
     warm_start: int = 0                    # a fresh study first tries up to N best configs of tuned neighbour shapes
+    replay: object = None                  # a landscape file (or landscape.Landscape): no nvcc, no GPU, see replay.py
 
     def check(self) -> None:
         if self.trials < 0:
@@ -302,6 +303,8 @@ def run_search(options: SearchOptions, *, builder=None, evaluator=None, log: Cal
     in flight. `options.workers > 1` runs that many worker processes on the study (workers.py)."""
     options.check()
     studies.quiet_optuna()
+    if options.replay is not None:
+        options, builder, evaluator, store = _replay(options, builder, evaluator, store)
     if options.workers > 1:
         from .workers import run_workers
 
@@ -344,6 +347,8 @@ def _open_session(options: SearchOptions, url: str, *, builder=None, evaluator=N
         provenance = winner.provenance(builder)
         search_space = SearchSpace(options.shape.problem, arch, options.families)
         name = options.study_name or studies.default_study_name(gpu_name, options.shape, options.families)
+        if options.replay is not None and not options.study_name:
+            name = f"replay-{name}"  # never the name of the real study recorded on that GPU
         seed = options.seed
         storage = peers.make_storage(url, options.heartbeat, options.grace)
         study = studies.open_study(name, storage, make_sampler(options.sampler, seed), options.shape, arch, gpu_name,
@@ -501,6 +506,31 @@ def _enqueue(study, search_space: SearchSpace, memory, options: SearchOptions, a
             study.enqueue_trial(search_space.params(config), skip_if_exists=True)
         except ValueError:
             pass  # outside the searched domain (so certainly invalid): nothing to learn from queuing it
+
+
+def _replay(options: SearchOptions, builder, evaluator, store):
+    """Answer builds and evaluations from the landscape (autotune/replay.py). The shape must be the recorded one;
+    families default to the recorded ones. Studies go to an in-memory database unless --storage names one (a
+    replay must not mix with real studies, $AUTOTUNE_STORAGE included), and no best config is stored: nothing
+    new was measured."""
+    import dataclasses
+
+    from . import landscape as landscape_mod
+    from .replay import NullStore, ReplayBuilder, ReplayEvaluator
+
+    ls = options.replay
+    if not isinstance(ls, landscape_mod.Landscape):
+        ls = landscape_mod.load(ls)
+    if options.shape != ls.shape:
+        raise ValueError(f"--replay {ls.path or ls.name}: recorded for shape {ls.shape.key}, not {options.shape.key}")
+    families = options.families or ls.families
+    outside = [f for f in families if f not in ls.families]
+    if outside:
+        raise ValueError(f"--family {outside}: the landscape covers only {list(ls.families)}")
+    options = dataclasses.replace(options, replay=ls, families=tuple(families),
+                                  storage=options.storage or "sqlite:///:memory:")
+    return (options, builder or ReplayBuilder(ls, jobs=options.jobs or 1), evaluator or ReplayEvaluator(ls),
+            store if store is not None else NullStore())
 
 
 def _choose_arch(requested: str | None, device_arch: str | None) -> Arch:

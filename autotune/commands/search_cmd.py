@@ -17,6 +17,55 @@ NO_RESULT = 1
 INTERRUPTED = 130  # Ctrl-C, after the summary (the shell's convention: 128 + SIGINT)
 
 
+# Shape flags default to None so that a --replay landscape can supply the shape; these fill the rest.
+SHAPE_DEFAULTS = {"seqlen": 4096, "seqlen_k": None, "batch": 4, "heads": 16, "kv_heads": None, "head_dim": 128,
+                  "dtype": "fp16", "causal": False}
+
+
+def add_shape_arguments(p, several_seqlens: bool = False) -> None:
+    """The shape flags (shared with `autotune sweep`). several_seqlens: --seqlen takes a list (a campaign)."""
+    shape = p.add_argument_group("shape")
+    if several_seqlens:
+        shape.add_argument("--seqlen", type=int, nargs="+", default=None, metavar="N",
+                           help="query sequence length (default 4096); several values tune each shape in turn, "
+                                "warm-starting each from the ones tuned before (as `autotune campaign`)")
+    else:
+        shape.add_argument("--seqlen", type=int, default=None, help="query sequence length (default 4096)")
+    shape.add_argument("--seqlen-k", type=int, default=None, help="key/value sequence length (default: --seqlen)")
+    shape.add_argument("--batch", type=int, default=None, help="batch size (default 4)")
+    shape.add_argument("--heads", type=int, default=None, help="query heads (default 16)")
+    shape.add_argument("--kv-heads", type=int, default=None, help="key/value heads, dividing --heads (default: --heads)")
+    shape.add_argument("--head-dim", type=int, default=None, choices=space.HEAD_DIMS, help="head dimension (default 128)")
+    shape.add_argument("--dtype", default=None, choices=space.DTYPES, help="element type (default fp16)")
+    shape.add_argument("--causal", action="store_const", const=True, default=None,
+                       help="causal (top-left aligned) masking")
+
+
+def shape_from_args(args: argparse.Namespace, base: space.Shape | None = None) -> space.Shape:
+    """The Shape the flags describe; flags left out come from `base` (a replayed landscape's shape), else from
+    SHAPE_DEFAULTS. ValueError names the flag at fault."""
+    values = {}
+    for name, default in SHAPE_DEFAULTS.items():
+        given = getattr(args, name)
+        if given is not None:
+            values[name] = given
+        elif base is not None:
+            values[name] = getattr(base, "seqlen_q" if name == "seqlen" else name)
+        else:
+            values[name] = default
+    for name in ("seqlen", "batch", "heads"):
+        if values[name] < 1:
+            raise ValueError(f"--{name}: expected a positive integer, got {values[name]}")
+    try:
+        return space.Shape(batch=values["batch"], heads=values["heads"], seqlen_q=values["seqlen"],
+                           seqlen_k=values["seqlen_k"], head_dim=values["head_dim"], dtype=values["dtype"],
+                           causal=values["causal"], kv_heads=values["kv_heads"])
+    except ValueError as err:  # space says "kv_heads: must divide heads ..."; name the flag instead
+        field, _, message = str(err).partition(":")
+        flag = {"seqlen_q": "seqlen"}.get(field, field).replace("_", "-")
+        raise ValueError(f"--{flag}:{message}") from None
+
+
 def add_parser(subparsers) -> None:
     from autotune.peers import DEFAULT_GRACE, DEFAULT_HEARTBEAT
     from autotune.sampling import SAMPLERS
@@ -25,17 +74,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("search", help="search the fastest kernel config for one shape (needs a GPU)",
                               description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    shape = p.add_argument_group("shape")
-    shape.add_argument("--seqlen", type=int, nargs="+", default=None, metavar="N",
-                       help="query sequence length (default 4096); several values tune each shape in turn, "
-                            "warm-starting each from the ones tuned before (as `autotune campaign`)")
-    shape.add_argument("--seqlen-k", type=int, default=None, help="key/value sequence length (default: --seqlen)")
-    shape.add_argument("--batch", type=int, default=4, help="batch size (default 4)")
-    shape.add_argument("--heads", type=int, default=16, help="query heads (default 16)")
-    shape.add_argument("--kv-heads", type=int, default=None, help="key/value heads, dividing --heads (default: --heads)")
-    shape.add_argument("--head-dim", type=int, default=128, choices=space.HEAD_DIMS, help="head dimension (default 128)")
-    shape.add_argument("--dtype", default="fp16", choices=space.DTYPES, help="element type (default fp16)")
-    shape.add_argument("--causal", action="store_true", help="causal (top-left aligned) masking")
+    add_shape_arguments(p, several_seqlens=True)
 
     s = p.add_argument_group("search")
     s.add_argument("--trials", type=int, default=DEFAULT_TRIALS,
@@ -95,6 +134,11 @@ def add_parser(subparsers) -> None:
     e.add_argument("--evaluator", default=None, metavar="MODULE:FUNCTION",
                    help="for tests and replays: evaluate with this function instead of autotune.measure:evaluate "
                         "(it runs in the child process; no GPU needed if it needs none)")
+    e.add_argument("--replay", default=None, metavar="FILE",
+                   help="answer every build and evaluation from a landscape recorded by `autotune sweep` (no nvcc, "
+                        "no GPU; docs/search.md): shape, arch and families default to the recorded ones, a config "
+                        "the file lacks is an error, studies go to an in-memory database unless --storage is given, "
+                        "and no best config is stored")
     p.set_defaults(run=run)
 
 
@@ -108,16 +152,12 @@ def options_from_args(args: argparse.Namespace):
     from autotune.search import SearchOptions
     from autotune.trial import SpillPolicy
 
-    for name in ("seqlen", "batch", "heads"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name}: expected a positive integer, got {getattr(args, name)}")
-    try:
-        shape = space.Shape(batch=args.batch, heads=args.heads, seqlen_q=args.seqlen, seqlen_k=args.seqlen_k,
-                            head_dim=args.head_dim, dtype=args.dtype, causal=args.causal, kv_heads=args.kv_heads)
-    except ValueError as err:  # space says "kv_heads: must divide heads ..."; name the flag instead
-        field, _, message = str(err).partition(":")
-        flag = {"seqlen_q": "seqlen"}.get(field, field).replace("_", "-")
-        raise ValueError(f"--{flag}:{message}") from None
+    replay = None
+    if args.replay is not None:
+        from autotune.landscape import load
+
+        replay = load(args.replay)  # LandscapeError (a ValueError) names the file
+    shape = shape_from_args(args, replay.shape if replay else None)
     enqueue = []
     for key in args.enqueue:
         try:
@@ -131,7 +171,7 @@ def options_from_args(args: argparse.Namespace):
         storage=args.storage, study_name=args.study, arch=args.arch,
         families=tuple(args.family) if args.family else None, spill_policy=SpillPolicy.parse(args.spill_policy),
         jobs=args.jobs, ahead=args.ahead, eval_timeout=args.eval_timeout, cache_dir=args.cache_dir,
-        retime_top=args.retime, enqueue=tuple(enqueue), max_asks=args.max_asks,
+        retime_top=args.retime, enqueue=tuple(enqueue), max_asks=args.max_asks, replay=replay,
         workers=args.workers, gpus=tuple(d for d in args.gpus.split(",") if d.strip()) if args.gpus else None,
         heartbeat=args.heartbeat, grace=args.grace, warm_start=args.warm_start or 0,
         **({"evaluator": args.evaluator} if args.evaluator else {}),
@@ -141,12 +181,13 @@ def options_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from autotune.build import BuildError
     from autotune.nvcc import NvccNotFoundError
+    from autotune.replay import ReplayError
     from autotune.search import SearchInterrupted, run_search
     from autotune.studies import StudyMismatchError
     from autotune.summary import format_result
     from autotune.worker import EvaluatorError, WorkerStartError
 
-    seqlens = args.seqlen or [4096]
+    seqlens = args.seqlen or [None]
     if len(seqlens) > 1:
         return _several_shapes(args, seqlens)
     args.seqlen = seqlens[0]
@@ -155,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         options.check()
     except ValueError as err:
         return _fail(str(err))
-    if args.evaluator is None:
+    if args.evaluator is None and args.replay is None:
         from autotune.gpu_arch import NoGpuError, detect_arch
 
         try:
@@ -172,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         return INTERRUPTED
     except (StudyMismatchError, NvccNotFoundError) as err:  # fixable by the command line or the environment
         return _fail(str(err))
-    except (WorkerStartError, EvaluatorError, BuildError) as err:  # the machinery itself failed
+    except (WorkerStartError, EvaluatorError, BuildError, ReplayError) as err:  # the machinery (or the replay) failed
         print(f"autotune search: {err}", file=sys.stderr)
         return NO_RESULT
     except ValueError as err:
@@ -182,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(err))
     print()
     print(format_result(result))
+    if args.replay is not None:
+        print(f"  replayed from {args.replay}: nothing was compiled or run, and nothing was stored")
     return 0 if result.best is not None else NO_RESULT
 
 
@@ -196,6 +239,8 @@ def _several_shapes(args: argparse.Namespace, seqlens: list[int]) -> int:
 
     if args.study:
         return _fail("--study names one study; with several --seqlen values leave it out (each shape gets its own)")
+    if args.replay is not None:
+        return _fail("--replay replays the one recorded shape; give a single --seqlen (or none)")
     if len(set(seqlens)) != len(seqlens):
         return _fail(f"--seqlen: a value is repeated in {seqlens}")
     plans = []
