@@ -181,9 +181,17 @@ def _device(options: SweepOptions, evaluator) -> tuple[str, Arch]:
     if options.build_only:
         return "build-only", space.get_arch(options.arch)
     info = evaluator.device_info()
-    from .search import _choose_arch
-
-    return str(info.get("gpu_name") or "unknown-gpu"), _choose_arch(options.arch, info.get("arch"))
+    device = info.get("arch")
+    if not device and not options.arch:
+        raise ValueError("--arch: the evaluator did not report the GPU's arch; pass --arch (e.g. sm_90)")
+    arch = space.get_arch(options.arch or device)
+    # The search's rule (search._choose_arch), not imported so a sweep does not depend on the search module:
+    # a cubin runs on its own major version with the same or a newer minor, nowhere else.
+    if device and options.arch:
+        dev = space.get_arch(device)
+        if dev.major != arch.major or dev.minor < arch.minor:
+            raise ValueError(f"--arch {arch.name}: its cubins cannot run on this GPU ({dev.name})")
+    return str(info.get("gpu_name") or "unknown-gpu"), arch
 
 
 def _families(requested, arch: Arch) -> tuple[str, ...]:

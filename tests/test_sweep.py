@@ -289,3 +289,8 @@ def test_the_worker_warmup_imports_what_evaluations_need(monkeypatch):
     monkeypatch.setattr(loader, "driver", lambda: seen.append("driver"))
     sweep_eval.warmup()
     assert seen == ["init", ("empty", "cuda"), "driver"]
+
+
+def test_an_arch_the_gpu_cannot_run_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--arch sm_100: its cubins cannot run on this GPU"):
+        _sweep(tmp_path, arch="sm_100")
