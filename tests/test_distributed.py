@@ -366,3 +366,14 @@ def test_devices_for_workers(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6,7")
     assert visible_devices(None, 2) == ["4", "6"]  # the count the evaluator sees is authoritative
     assert assign(5, ["4", "6"]) == ["4", "6", "4", "6", "4"]
+
+
+def test_a_missing_server_skips_locally_and_fails_under_ci(monkeypatch):
+    import pg_server as pg
+
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get"):
+        pg._unavailable("initdb/pg_ctl not found (apt-get install postgresql)")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="cannot run under CI"):
+        pg._unavailable("initdb/pg_ctl not found (apt-get install postgresql)")
