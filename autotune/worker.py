@@ -80,7 +80,9 @@ def _child_main(conn, warmup: tuple[str, tuple] | None, parent: int | None = Non
     # Ctrl-C is the parent's to handle: it fails the trial as 'interrupted' and stops us. Left to ourselves, we
     # would die first and the parent could read that as a crash of the kernel being timed.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    exit_with_parent(signal.SIGKILL, parent)  # a parent killed with SIGKILL must not leave us holding the GPU
+    # A parent killed with SIGKILL must not leave us holding the GPU. (Linux sends this when the *thread* that
+    # started us ends: start Workers from a thread that lives as long as they should, as the search does.)
+    exit_with_parent(signal.SIGKILL, parent)
     try:
         if warmup:
             resolve(warmup[0])(*warmup[1])
