@@ -104,10 +104,13 @@ def main(argv=None) -> int:
     except Exception as e:  # what was saved is still worth bringing back: say what is on disk, then fail
         log(f"record_landscapes: {type(e).__name__}: {e}")
         if not args.build_only:
-            from autotune.landscape import load
+            from autotune.landscape import LandscapeError, load
 
             for f in sorted(out_dir.glob("*.json")):
-                log(load(f).summary())
+                try:
+                    log(load(f).summary())
+                except LandscapeError as err:
+                    log(str(err))
         return 1
     lines = summary(results) + [f"total {time.monotonic() - started:.0f} s"]
     log("")
