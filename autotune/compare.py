@@ -16,7 +16,6 @@ reached `stop_fraction` of the optimum and run `min_trials` (the default budget,
 from __future__ import annotations
 
 import math
-import statistics
 import warnings
 from collections import deque
 from dataclasses import dataclass, field

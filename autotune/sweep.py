@@ -27,7 +27,7 @@ import space
 from space import Arch, Config, Shape
 
 from . import landscape as landscape_mod
-from .landscape import Landscape, LandscapeError, Row
+from .landscape import Landscape, Row
 from .trial import SpillPolicy
 
 SWEEP_EVALUATOR = "autotune.sweep_eval:evaluate"
