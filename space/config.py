@@ -20,6 +20,9 @@ class Axis:
     macro: str
     doc: str = ""
     encode: Callable[[Any], int] = int  # value -> integer macro value
+    # For an axis added after configs were stored: the value that reproduces the kernel as it was before, used
+    # when a stored config (a key, a dict) lacks the axis, so older studies and tables stay readable.
+    default: Any = None
 
     def macro_value(self, value) -> int:
         return int(self.encode(value))
@@ -103,6 +106,9 @@ class Config:
         unknown = set(values) - set(names)
         if unknown:
             raise ValueError(f"config: family {family!r} has no axis {sorted(unknown)}; axes are {names}")
+        for a in fam.axes:
+            if a.name not in values and a.default is not None:
+                values[a.name] = a.default
         missing = [n for n in names if n not in values]
         if missing:
             raise ValueError(f"config: missing value for axis {missing} of family {family!r}")

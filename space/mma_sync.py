@@ -33,6 +33,9 @@ AXES = (
     Axis("loader_warps", (0, 1, 2), "AT_LOADER_WARPS", "extra warps that only issue cp.async for K/V"),
     Axis("min_blocks", (1, 2, 3, 4), "AT_MIN_BLOCKS", "__launch_bounds__ minimum resident CTAs per SM"),
     Axis("q_in_regs", (True, False), "AT_Q_IN_REGS", "Q fragments held in registers across the K/V loop"),
+    Axis("softmax_reduce", ("chain", "tree"), "AT_SOFTMAX_TREE",
+         "a tile's row max and row sum as one dependent chain (fewer live registers) or a pairwise tree (more ILP)",
+         lambda v: v == "tree", default="chain"),
 )
 
 
@@ -117,7 +120,7 @@ def default(p: Problem, a: Arch) -> Config:
     br, bc = {64: (128, 128), 128: (128, 64), 256: (64, 64)}[p.head_dim]
     return Config.make(
         "mma_sync", br=br, bc=bc, warps_m=4, warps_n=1, p_path="regs", smem_mode="dynamic",
-        kv_buffering="separate", loader_warps=0, min_blocks=1, q_in_regs=p.head_dim <= 64,
+        kv_buffering="separate", loader_warps=0, min_blocks=1, q_in_regs=p.head_dim <= 64, softmax_reduce="chain",
     )
 
 

@@ -40,6 +40,25 @@ __device__ __forceinline__ void load_kv_item(uint32_t kv_base, const uint16_t* k
                                   is_v ? p.v_row_stride : p.k_row_stride, (item >> 1) * kBc, p.seqlen_k, tid);
 }
 
+// The row max and row sum of a tile: one dependent chain (fewest live registers), or a pairwise tree
+// (log2(kN) dependent steps, more values live at once) when kSoftmaxTree. kN is a power of two.
+template <int kN, typename Op>
+__device__ __forceinline__ float reduce_row(float (&v)[kN], Op op) {
+    static_assert((kN & (kN - 1)) == 0, "reduce_row: kN must be a power of two");
+    if constexpr (kSoftmaxTree) {
+#pragma unroll
+        for (int stride = kN / 2; stride > 0; stride /= 2)
+#pragma unroll
+            for (int i = 0; i < stride; ++i) v[i] = op(v[i], v[i + stride]);
+        return v[0];
+    } else {
+        float r = v[0];
+#pragma unroll
+        for (int i = 1; i < kN; ++i) r = op(r, v[i]);
+        return r;
+    }
+}
+
 __device__ __forceinline__ void compute_sync() {
     if constexpr (kLoaderWarps > 0) {
         named_barrier_sync(kBarCompute, kComputeThreads);
@@ -252,9 +271,10 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                float m = -INFINITY;
+                float part[kSNTiles];
 #pragma unroll
-                for (int nt = 0; nt < kSNTiles; ++nt) m = fmaxf(m, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+                for (int nt = 0; nt < kSNTiles; ++nt) part[nt] = fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]);
+                float m = reduce_row<kSNTiles>(part, [](float a, float b) { return fmaxf(a, b); });
                 m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
                 m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
                 tile_max[mt][h] = m;
@@ -300,8 +320,19 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
                 for (int e = 0; e < 4; ++e) {
                     const float pr = fast_exp2(fmaf(s[mt][nt][e], scale_log2, -m_scaled[mt][e >> 1]));
                     s[mt][nt][e] = pr;
-                    row_sum[mt][e >> 1] += pr;
+                    if constexpr (!kSoftmaxTree) row_sum[mt][e >> 1] += pr;  // the chain, as the values come
                 }
+        if constexpr (kSoftmaxTree) {
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float part[kSNTiles];
+#pragma unroll
+                    for (int nt = 0; nt < kSNTiles; ++nt) part[nt] = s[mt][nt][2 * h] + s[mt][nt][2 * h + 1];
+                    row_sum[mt][h] += reduce_row<kSNTiles>(part, [](float a, float b) { return a + b; });
+                }
+        }
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll

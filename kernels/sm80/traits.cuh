@@ -45,6 +45,9 @@
 #ifndef AT_Q_IN_REGS
 #define AT_Q_IN_REGS 0       // Q fragments kept in registers across the K/V loop
 #endif
+#ifndef AT_SOFTMAX_TREE
+#define AT_SOFTMAX_TREE 0    // a tile's row max / row sum: 0 one dependent chain, 1 a pairwise tree
+#endif
 
 namespace sm80 {
 
@@ -61,6 +64,7 @@ constexpr int kKvSlots = AT_KV_SLOTS;
 constexpr int kLoaderWarps = AT_LOADER_WARPS;
 constexpr int kMinBlocks = AT_MIN_BLOCKS;
 constexpr bool kQInRegs = AT_Q_IN_REGS != 0;
+constexpr bool kSoftmaxTree = AT_SOFTMAX_TREE != 0;
 
 constexpr int kComputeWarps = kWarpsM * kWarpsN;
 constexpr int kComputeThreads = kComputeWarps * 32;
