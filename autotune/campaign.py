@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import space
 from space import Config, Shape
 
 SHAPE_KEYS = {"seqlen": "seqlen_q", "seqlen_k": "seqlen_k", "batch": "batch", "heads": "heads",

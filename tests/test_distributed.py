@@ -22,7 +22,7 @@ import pytest
 import search_doubles
 from autotune import trial as trial_mod
 from autotune.claims import Claims
-from autotune.search import SearchInterrupted, SearchOptions, run_search
+from autotune.search import SearchOptions, run_search
 from pg_server import pg_server, postgres_url  # noqa: F401  (pytest fixtures)
 from test_search import A, A_Q, ARCH, B, C, E, PROBLEM, SHAPE
 from test_cli_search import SHAPE_ARGS
