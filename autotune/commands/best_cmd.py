@@ -36,6 +36,14 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("best", help="print the best stored config per shape", description=__doc__)
     add_filter_arguments(p)
     p.add_argument("--json", action="store_true", help="print the rows as JSON (the export format's rows)")
+    e = p.add_argument_group("explain", "which config autotune.attention would run for one shape, and why")
+    e.add_argument("--explain", action="store_true",
+                   help="explain the choice for the shape given by --seqlen (required), --batch, --heads, --kv-heads, "
+                        "--head-dim (128), --dtype (fp16) and --causal; --gpu is then the exact GPU name and "
+                        "--gpu/--arch default to the visible GPU")
+    e.add_argument("--batch", type=int, default=4, help="with --explain: batch size (default 4)")
+    e.add_argument("--heads", type=int, default=16, help="with --explain: query heads (default 16)")
+    e.add_argument("--kv-heads", type=int, default=None, help="with --explain: key/value heads (default: --heads)")
     p.set_defaults(run=run)
 
 
@@ -54,8 +62,41 @@ def format_rows(rows) -> str:
     return "\n".join(lines)
 
 
+def explain(args: argparse.Namespace) -> int:
+    from autotune import runtime
+
+    if args.seqlen is None:
+        print("autotune best: --explain needs --seqlen", file=sys.stderr)
+        return USAGE_ERROR
+    try:
+        shape = space.Shape(batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, seqlen_q=args.seqlen,
+                            head_dim=args.head_dim or 128, dtype=args.dtype or "fp16", causal=bool(args.causal))
+        arch = space.get_arch(args.arch) if args.arch else None
+    except ValueError as err:
+        print(f"autotune best: {err}", file=sys.stderr)
+        return USAGE_ERROR
+    gpu_name = args.gpu
+    if gpu_name is None or arch is None:
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise RuntimeError
+            gpu_name = gpu_name or torch.cuda.get_device_name()
+            arch = arch or space.get_arch(torch.cuda.get_device_capability())
+        except Exception:
+            print("autotune best: no CUDA GPU visible; pass --gpu 'NVIDIA H200' --arch sm_90 with --explain",
+                  file=sys.stderr)
+            return USAGE_ERROR
+    print(runtime.select_config(shape, gpu_name, arch, args.storage).explain())
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from autotune import storage_url
+
+    if args.explain:
+        return explain(args)
     from autotune.store import BestStore, StoreError
 
     try:

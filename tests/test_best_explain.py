@@ -1,0 +1,33 @@
+"""`autotune best --explain`: the runtime's choice for one shape, from the CLI (no GPU needed with --gpu/--arch)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from autotune.cli import main
+
+SHIPPED = Path(__file__).resolve().parent.parent / "studies" / "tuned" / "h200.json"
+
+
+def test_explain_names_the_shipped_row_for_a_shipped_shape(tmp_path, capsys):
+    row = json.loads(SHIPPED.read_text())["rows"][0]
+    args = ["best", "--explain", "--seqlen", str(row["seqlen"]), "--batch", str(row["batch"]),
+            "--heads", str(row["heads"]), "--head-dim", str(row["head_dim"]), "--dtype", row["dtype"],
+            "--gpu", row["gpu_name"], "--arch", row["arch"], "--storage", f"sqlite:///{tmp_path}/empty.db"]
+    if row["causal"]:
+        args.append("--causal")
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "source: shipped" in out and row["config_key"].split(":")[1].split(",")[0] in out
+    assert not (tmp_path / "empty.db").exists()  # explaining never creates a user's database
+
+
+def test_explain_falls_back_to_the_heuristic_on_an_unknown_gpu(tmp_path, capsys):
+    assert main(["best", "--explain", "--seqlen", "1000", "--gpu", "Some Other GPU", "--arch", "sm_80",
+                 "--storage", f"sqlite:///{tmp_path}/empty.db"]) == 0
+    assert "source: heuristic" in capsys.readouterr().out
+
+
+def test_explain_needs_a_seqlen(capsys):
+    assert main(["best", "--explain", "--gpu", "NVIDIA H200", "--arch", "sm_90"]) == 2
+    assert "--explain needs --seqlen" in capsys.readouterr().err
