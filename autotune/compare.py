@@ -237,7 +237,7 @@ class SamplerResult:
     sampler: str
     runs: list[Run]
     to_threshold: dict[float, Spread]   # trials to reach each fraction of the optimum
-    best_at_budget: Spread              # best found within `budget` trials, as a fraction of the optimum
+    best_at: dict[int, Spread]          # best found within n trials (the budget and --best-at), / optimum
     curve_trials: list[int]             # 1..max trials
     curve_median: list[float]           # median over seeds of best-so-far / optimum after n trials
     curve_p25: list[float]
@@ -266,14 +266,15 @@ class Comparison:
     seeds: int
     trials: int | None
     budget: int
+    best_at: tuple[int, ...]            # trial counts whose best is reported (the budget among them)
     lag: int
     enqueue_default: bool
     thresholds: tuple[float, ...] = THRESHOLDS
 
 
-def sampler_result(name: str, runs: list[Run], optimum: float, budget: int) -> SamplerResult:
+def sampler_result(name: str, runs: list[Run], optimum: float, best_at: tuple[int, ...]) -> SamplerResult:
     to = {f: Spread.of([r.trials_to(f * optimum) for r in runs]) for f in THRESHOLDS}
-    best = Spread.of([(r.best_after(budget) or 0.0) / optimum for r in runs])
+    best = {n: Spread.of([(r.best_after(n) or 0.0) / optimum for r in runs]) for n in best_at}
     longest = max((len(r.values) for r in runs), default=0)
     med, p25, p75 = [], [], []
     for n in range(1, longest + 1):
@@ -294,7 +295,7 @@ def expected_random_order(n: int, good: int, default_good: bool | None) -> float
     return 1.0 if default_good else 1 + n / (good + 1)
 
 
-def landscape_result(landscape: Landscape, runs_by_sampler: dict[str, list[Run]], budget: int,
+def landscape_result(landscape: Landscape, runs_by_sampler: dict[str, list[Run]], best_at: tuple[int, ...],
                      cap: int | None = None, enqueue_default: bool = True) -> LandscapeResult:
     import space
 
@@ -318,7 +319,7 @@ def landscape_result(landscape: Landscape, runs_by_sampler: dict[str, list[Run]]
                                                (default_fraction or 0) >= f if default_tried else None)
                       for f in THRESHOLDS},
         default_key=default_key, default_fraction=default_fraction,
-        samplers={name: sampler_result(name, runs, optimum, budget) for name, runs in runs_by_sampler.items()},
+        samplers={name: sampler_result(name, runs, optimum, best_at) for name, runs in runs_by_sampler.items()},
         cap=min(cap or len(landscape.rows), len(landscape.rows)),
     )
 
@@ -351,12 +352,13 @@ def _cached_landscape(path) -> Landscape:
 
 
 def compare(landscapes: Sequence, samplers: Sequence[str] = DEFAULT_SAMPLERS, seeds: int = DEFAULT_SEEDS,
-            trials: int | None = None, budget: int | None = None, lag: int = DEFAULT_LAG,
+            trials: int | None = None, budget: int | None = None, best_at: Sequence[int] = (), lag: int = DEFAULT_LAG,
             enqueue_default: bool = True, jobs: int = 1, log: Callable[[str], None] = print) -> Comparison:
     """Simulate every (landscape, sampler, seed); `landscapes` are paths (or loaded Landscapes).
 
     trials: the cap per run (default: BUDGET_MULTIPLE × budget, at most every config of the landscape);
-    budget: the trial count whose best is reported (default: `autotune search`'s default --trials).
+    budget: the trial count whose best is reported (default: `autotune search`'s default --trials); runs go on
+    at least this far. best_at: more trial counts (≤ budget) whose best is reported too.
     """
     from .search import DEFAULT_TRIALS
 
@@ -369,6 +371,9 @@ def compare(landscapes: Sequence, samplers: Sequence[str] = DEFAULT_SAMPLERS, se
     if lag < 0:
         raise ValueError(f"--lag: expected a count ≥ 0, got {lag}")
     budget = budget or DEFAULT_TRIALS
+    if any(not 1 <= n <= budget for n in best_at):
+        raise ValueError(f"--best-at: expected trial counts from 1 to --budget ({budget}), got {list(best_at)}")
+    counts = tuple(sorted({*best_at, budget}))
     loaded = [_cached_landscape(p) for p in landscapes]
     for ls in loaded:
         ls.optimum  # noqa: B018  (raises, naming the file, when nothing completed)
@@ -393,8 +398,8 @@ def compare(landscapes: Sequence, samplers: Sequence[str] = DEFAULT_SAMPLERS, se
     it = iter(results)
     for ls in loaded:
         by_sampler = {s: [next(it) for _ in range(seeds)] for s in samplers}
-        out.append(landscape_result(ls, by_sampler, budget, _cap(trials, budget, ls), enqueue_default))
-    return Comparison(out, seeds, trials, budget, lag, enqueue_default)
+        out.append(landscape_result(ls, by_sampler, counts, _cap(trials, budget, ls), enqueue_default))
+    return Comparison(out, seeds, trials, budget, counts, lag, enqueue_default)
 
 
 def _progress(log, i: int, total: int, work, run: Run) -> None:

@@ -46,15 +46,17 @@ def landscape_section(r: LandscapeResult, c: Comparison) -> str:
             f"{k.removeprefix('sdpa_')} {v:.1f}" if v else f"{k.removeprefix('sdpa_')} n/a" for k, v in base.items())
             + " TFLOPS")
     head = " | ".join(f"trials to {100 * f:.0f} %" for f in c.thresholds)
-    lines += ["", f"| sampler | {head} | best in {c.budget} trials, % of optimum |",
-              "|---|" + "---|" * (len(c.thresholds) + 1)]
+    best_head = " | ".join(f"best in {n} trials, % of optimum" for n in c.best_at)
+    lines += ["", f"| sampler | {head} | {best_head} |", "|---|" + "---|" * (len(c.thresholds) + len(c.best_at))]
     for name, s in r.samplers.items():
         cells = " | ".join(_trials(s.to_threshold[f], r.cap) for f in c.thresholds)
         label = f"**{name}**" if name == DEFAULT_SAMPLER else name
-        lines.append(f"| {label} | {cells} | {_fraction(s.best_at_budget)} |")
+        best = " | ".join(_fraction(s.best_at[n]) for n in c.best_at)
+        lines.append(f"| {label} | {cells} | {best} |")
     lines.append("| random order, exact expectation | " + " | ".join(f"{r.random_order[f]:.1f}" for f in c.thresholds)
-                 + " | — |")
-    lines.append("| exhaustive | " + " | ".join(str(r.n_rows) for _ in c.thresholds) + " | 100 |")
+                 + " | —" * len(c.best_at) + " |")
+    lines.append("| exhaustive | " + " | ".join(str(r.n_rows) for _ in c.thresholds)
+                 + "".join(f" | {'100' if n >= r.n_rows else '—'}" for n in c.best_at) + " |")
     return "\n".join(lines) + "\n"
 
 

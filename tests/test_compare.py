@@ -75,7 +75,7 @@ def test_compare_reports_every_sampler_and_writes_the_doc_section(landscape, tmp
 
 def test_comparison_numbers_follow_from_the_runs(landscape):
     c = compare.compare([landscape], samplers=["random", "brute"], seeds=2, trials=len(landscape.rows), budget=5,
-                        lag=0, log=lambda _: None)
+                        best_at=[2], lag=0, log=lambda _: None)
     (r,) = c.landscapes
     assert r.optimum == landscape.optimum and r.n_rows == len(landscape.rows) == r.cap
     brute = r.samplers["brute"]
@@ -83,8 +83,13 @@ def test_comparison_numbers_follow_from_the_runs(landscape):
     for run in brute.runs:
         assert run.best_after(len(run.values)) >= 0.99 * r.optimum
     expected = sorted((run.best_after(5) or 0) / r.optimum for run in brute.runs)
-    assert brute.best_at_budget.median == pytest.approx(sum(expected) / 2)
+    assert brute.best_at[5].median == pytest.approx(sum(expected) / 2)
+    assert brute.best_at[2].median <= brute.best_at[5].median
     assert brute.curve_median[-1] == pytest.approx(1.0)
+    text = compare_report.markdown(c)
+    assert "best in 2 trials, % of optimum | best in 5 trials, % of optimum" in text
+    with pytest.raises(ValueError, match="--best-at"):
+        compare.compare([landscape], samplers=["random"], seeds=1, budget=5, best_at=[6], log=lambda _: None)
 
 
 @pytest.mark.parametrize("n,good", [(3, 1), (5, 2), (6, 1), (4, 4)])

@@ -33,6 +33,8 @@ def add_parser(subparsers) -> None:
                         "the landscape); seeds that do not get there within it show as (k/n)")
     p.add_argument("--budget", type=int, default=DEFAULT_TRIALS, metavar="N",
                    help=f"report the best found within N trials (default {DEFAULT_TRIALS}, `autotune search`'s)")
+    p.add_argument("--best-at", type=int, nargs="+", default=[], metavar="N",
+                   help="also report the best found within N trials (each ≤ --budget), e.g. a candidate budget")
     p.add_argument("--lag", type=int, default=DEFAULT_LAG, metavar="K",
                    help=f"configs asked but not yet told when the sampler is asked again (default {DEFAULT_LAG}, "
                         "as the search's pipeline with 16 build jobs; 0: sequential)")
@@ -61,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"--jobs: expected a count ≥ 1, got {jobs}")
     try:
         comparison = compare(args.replay, samplers=args.samplers, seeds=args.seeds, trials=args.trials,
-                             budget=args.budget, lag=args.lag, enqueue_default=not args.cold, jobs=jobs,
+                             budget=args.budget, best_at=args.best_at, lag=args.lag, enqueue_default=not args.cold, jobs=jobs,
                              log=lambda line: print(line, file=sys.stderr, flush=True))
     except (LandscapeError, ValueError) as err:
         return _fail(str(err))
