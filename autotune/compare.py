@@ -254,6 +254,8 @@ class LandscapeResult:
     n_complete: int
     within: dict[float, int]         # configs within each fraction of the optimum
     random_order: dict[float, float]  # exact expected trials to each fraction for a uniformly random order
+    runner_up: float | None           # the second-best config as a fraction of the optimum
+    spread: tuple[float, float] | None  # (median, max) over complete rows of (p80 - p20) / median: timing noise
     default_key: str | None
     default_fraction: float | None   # the heuristic default (enqueued first) as a fraction of the optimum
     samplers: dict[str, SamplerResult]
@@ -311,6 +313,8 @@ def landscape_result(landscape: Landscape, runs_by_sampler: dict[str, list[Run]]
     except (KeyError, ValueError):
         pass
     within = {f: sum(1 for r in done if r.tflops >= f * optimum) for f in THRESHOLDS}
+    ranked = sorted((r.tflops for r in done), reverse=True)
+    spreads = sorted(r.spread_ms / r.median_ms for r in done if r.spread_ms is not None and r.median_ms)
     default_tried = enqueue_default and default_key in landscape.rows
     return LandscapeResult(
         name=landscape.name, header=landscape.header, optimum=optimum, best_key=landscape.best.config_key,
@@ -318,6 +322,8 @@ def landscape_result(landscape: Landscape, runs_by_sampler: dict[str, list[Run]]
         random_order={f: expected_random_order(len(landscape.rows), within[f],
                                                (default_fraction or 0) >= f if default_tried else None)
                       for f in THRESHOLDS},
+        runner_up=ranked[1] / optimum if len(ranked) > 1 else None,
+        spread=(_quantile(spreads, 0.5), spreads[-1]) if spreads else None,
         default_key=default_key, default_fraction=default_fraction,
         samplers={name: sampler_result(name, runs, optimum, best_at) for name, runs in runs_by_sampler.items()},
         cap=min(cap or len(landscape.rows), len(landscape.rows)),

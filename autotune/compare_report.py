@@ -37,6 +37,11 @@ def landscape_section(r: LandscapeResult, c: Comparison) -> str:
              f"({r.n_complete} complete) of {h.get('n_valid')} valid.", "",
              f"- optimum: **{r.optimum:.1f} TFLOPS** `{r.best_key}`",
              "- configs within " + ", ".join(f"{100 * f:.0f} %: {n}" for f, n in r.within.items()) + " of it"]
+    if r.runner_up is not None:
+        lines.append(f"- the runner-up: {100 * r.runner_up:.1f} % of the optimum")
+    if r.spread is not None:
+        lines.append(f"- timing spread of a row, (p80 − p20) / median: median {100 * r.spread[0]:.1f} %, largest "
+                     f"{100 * r.spread[1]:.1f} % (differences below this are within one config's noise)")
     if r.default_fraction is not None:
         lines.append(f"- heuristic default (tried first by the search{'' if c.enqueue_default else '; not here'}): "
                      f"{100 * r.default_fraction:.1f} % of the optimum")
