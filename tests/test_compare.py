@@ -80,7 +80,7 @@ def test_comparison_numbers_follow_from_the_runs(landscape):
     assert r.optimum == landscape.optimum and r.n_rows == len(landscape.rows) == r.cap
     second = sorted((x.tflops for x in landscape.complete_rows()), reverse=True)[1]
     assert r.runner_up == pytest.approx(second / r.optimum)
-    assert r.spread == pytest.approx((0.01, 0.01), rel=1e-3)  # the fixture's p20/p80 are ±0.5 % of the median
+    assert r.spread == pytest.approx((0.01, 0.01), rel=1e-2)  # the fixture's p20/p80 are ±0.5 % of the median
     brute = r.samplers["brute"]
     assert brute.to_threshold[0.99].reached == 2  # exhaustive runs always get there
     for run in brute.runs:
