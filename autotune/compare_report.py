@@ -17,11 +17,17 @@ DEFAULT_SAMPLER = "tpe"  # `autotune search`'s (sampling.make_sampler("tpe"))
 RANDOM = "random"
 
 
+def _num(x: float) -> str:
+    """Trial counts: whole numbers as such, medians between two seeds with their .5 (never rounded away)."""
+    text = f"{x:.1f}"
+    return text[:-2] if text.endswith(".0") else text
+
+
 def _trials(s: Spread, cap: int) -> str:
     if math.isinf(s.median):
         return f"> {cap} ({s.reached}/{s.seeds})"
-    p75 = "∞" if math.isinf(s.p75) else f"{s.p75:.0f}"
-    text = f"{s.median:.0f} [{s.p25:.0f}–{p75}]"
+    p75 = "∞" if math.isinf(s.p75) else _num(s.p75)
+    text = f"{_num(s.median)} [{_num(s.p25)}–{p75}]"
     return text if s.reached == s.seeds else f"{text} ({s.reached}/{s.seeds})"
 
 
@@ -135,7 +141,9 @@ def render_png(c: Comparison, path: str | Path) -> Path:
         ax.axhline(98, color="grey", linestyle=":", linewidth=1)
         ax.axvline(c.budget, color="grey", linestyle="--", linewidth=1)
         ax.set_xscale("log")
-        ax.set_ylim(max(0, min(80, 100 * (r.default_fraction or 0.8) - 5)), 100.5)
+        # From the lowest curve's start (the default, when enqueued) to the optimum: the part where samplers differ.
+        low = min((s.curve_p25[0] for s in r.samplers.values() if s.curve_p25), default=0.8)
+        ax.set_ylim(max(0.0, 100 * low - 1.5), 100.5)
         ax.set_title(f"{r.header.get('shape_key')}\n{r.n_rows} configs, optimum {r.optimum:.0f} TFLOPS", fontsize=9)
         ax.set_xlabel("trials (distinct configs built)")
         ax.set_ylabel("best so far, % of optimum")
