@@ -1,6 +1,7 @@
 """The two driver calls on the hot path of a warm `autotune.attention` call, bound straight to libcuda with ctypes.
 
-Everything else (contexts, modules, attributes, occupancy) goes through cuda-python. These two are called on
+Everything else (contexts, modules, attributes, occupancy) goes through cuda-python, whose module `driver()`
+here finds for both of its layouts. These two are called on
 every launch, and cuda-python's argument conversion made them the bulk of the per-call overhead: on the H200,
 a bare cuLaunchKernel through cuda-python cost 18 µs of host time and the three tensor-map encodings of the
 wgmma family more than that again (benchmarks/runtime_overhead.py, 2026-11-29). A ctypes call with prebuilt
@@ -10,6 +11,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
+
+
+@functools.lru_cache(maxsize=None)
+def driver():
+    """cuda-python's driver module: `cuda.bindings.driver` (cuda-python >= 12.6), else the older `cuda.cuda`."""
+    try:
+        from cuda.bindings import driver as drv
+    except ImportError:
+        from cuda import cuda as drv
+    return drv
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,10 +56,7 @@ def encode_tiled_fn():
 
 def error_name(code: int) -> str:
     """CUDA_ERROR_... for a CUresult code, through cuda-python (only on the error path)."""
-    try:
-        from cuda.bindings import driver as drv
-    except ImportError:
-        from cuda import cuda as drv
+    drv = driver()
     try:
         return drv.cuGetErrorName(drv.CUresult(code))[1].decode()
     except Exception:

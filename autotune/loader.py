@@ -10,7 +10,6 @@ configs run them in a child process (autotune.worker).
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import importlib
 import threading
@@ -20,21 +19,11 @@ from typing import Sequence
 
 import space
 
-from .libcuda import error_name, launch_kernel_fn
+from .libcuda import driver, error_name, launch_kernel_fn
 from .launch_params import FlashFwdParams, InputShape, make_params
 
 MAX_GRID_YZ = 65535
 MAX_GRID_X = 2**31 - 1
-
-
-@functools.lru_cache(maxsize=None)
-def driver():
-    """cuda-python's driver module: `cuda.bindings.driver` (cuda-python >= 12.6), else the older `cuda.cuda`."""
-    try:
-        from cuda.bindings import driver as drv
-    except ImportError:
-        from cuda import cuda as drv
-    return drv
 
 
 class CudaError(RuntimeError):

@@ -21,22 +21,12 @@ import ctypes
 import functools
 from collections import OrderedDict
 
-from .libcuda import encode_tiled_fn, error_name
+from .libcuda import driver, encode_tiled_fn, error_name
 
 SWIZZLE_COLS = 64   # elements per box row: 128 bytes, the 128B swizzle span the kernel's descriptors assume
 Q_BOX_ROWS = 64     # one consumer warpgroup's query rows
 TENSOR_MAP_BYTES = 128
 _MAX_STRIDE = 1 << 40
-
-
-@functools.lru_cache(maxsize=None)
-def driver():
-    """cuda-python's driver module: `cuda.bindings.driver` (cuda-python >= 12.6), else the older `cuda.cuda`."""
-    try:
-        from cuda.bindings import driver as drv
-    except ImportError:
-        from cuda import cuda as drv
-    return drv
 
 
 def _data_type(dtype):

@@ -49,23 +49,7 @@ ARCH = _arch()
 PROBLEMS = tuple(Problem(d, dtype, causal) for d in (64, 128) for dtype in space.DTYPES for causal in (False, True))
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    name: str
-    shape: Shape  # head_dim, dtype and causal are replaced by the problem's
-    layout: str
-    lse: bool
-
-
-CASES = (
-    Case("n1", Shape(batch=2, heads=4, seqlen_q=1), "bhnd", lse=True),
-    Case("n17-gqa-bnhd", Shape(batch=2, heads=8, kv_heads=2, seqlen_q=17), "bnhd", lse=False),
-    Case("n128-bnhd", Shape(batch=2, heads=4, seqlen_q=128), "bnhd", lse=True),
-    Case("n1000-gqa", Shape(batch=1, heads=8, kv_heads=2, seqlen_q=1000), "bhnd", lse=True),
-    Case("n4096-gqa-bnhd", Shape(batch=1, heads=4, kv_heads=1, seqlen_q=4096), "bnhd", lse=False),
-    Case("q100-k300", Shape(batch=1, heads=4, seqlen_q=100, seqlen_k=300), "bhnd", lse=True),
-    Case("q300-k100-bnhd", Shape(batch=1, heads=4, seqlen_q=300, seqlen_k=100), "bnhd", lse=True),
-)
+from gpu_cases import CASES, Case  # noqa: E402  (shared by both families' matrices)
 
 
 @functools.lru_cache(maxsize=None)
