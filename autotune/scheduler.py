@@ -6,9 +6,12 @@ Three stages run at once:
     build    (one background thread)         compiles a whole batch in parallel (the Builder's ninja)
     evaluate (the worker's child process)    one config at a time, started and polled without blocking
 
-While the GPU evaluates batch n, batch n+1 compiles and batch n+2 is being asked. The caller's thread never
-blocks while there is something useful to do: between asks it checks whether the evaluation or the build
-finished. It blocks only when there is nothing left to ask: on the evaluation if one runs, else on the build.
+While the GPU evaluates batch n, batch n+1 compiles and batch n+2 is being asked. Nothing more is asked while a
+whole batch is built and waiting for the GPU, so however fast the builds are (cached ones take milliseconds), a
+process holds at most about four batches in flight: it never takes a study's whole budget for itself while other
+workers on the study sit idle. The caller's thread never blocks while there is something useful to do: between
+asks it checks whether the evaluation or the build finished. It blocks only when there is nothing left to ask: on
+the evaluation if one runs, else on the build.
 
 Only the build runs in a thread; Optuna (ask/tell) and the evaluator are used from the caller's thread only,
 so the sampler and the storage are never touched concurrently.
@@ -141,7 +144,10 @@ class Pipeline:
                     evaluating = None
                     break
 
-                more_asks = st.can_ask()
+                # Ask only while the GPU has less than a batch built and waiting: with fast (cached) builds an
+                # unbounded lookahead would take the whole budget in flight at once, leaving nothing for other
+                # workers on the study and nothing for the sampler to learn from until it is all timed.
+                more_asks = len(ready) < self.batch_size and st.can_ask()
                 gpu_starving = evaluating is None and not ready
                 if not building and asking and (len(asking) >= self.batch_size or not more_asks or gpu_starving):
                     ahead.submit(asking)

@@ -5,7 +5,7 @@ Deterministic fake speed from the config; it checks that the cubin it was handed
 is real in these tests). Behaviour per config comes from a JSON plan named by $AUTOTUNE_DOUBLE_PLAN:
 {"<config key>": "crash" | "hang" | "wrong" | "raise" | "crash_once" | "hang_once" | "slow" | "meet"}; "slow"
 sleeps $AUTOTUNE_DOUBLE_SLOW seconds (default 1) before answering, for tests that must catch an evaluation in
-flight; "meet" waits (up to 60 s) until another worker process has started an evaluation too, so that a test of
+flight; "meet" waits (up to 40 s, well inside the tests' 60 s evaluation timeout) until another worker process has started an evaluation too, so that a test of
 several workers does not depend on how fast the machine starts them.
 Every call is appended to the file named by $AUTOTUNE_DOUBLE_LOG (one JSON line: pid, parent pid, worker index
 and CUDA_VISIBLE_DEVICES of the search process, call, config key, cubin hash; an `evaluated` line with start and
@@ -66,7 +66,7 @@ def evaluate(build, shape):
     if action == "slow":
         time.sleep(float(os.environ.get("AUTOTUNE_DOUBLE_SLOW", "1")))
     if action == "meet":
-        _meet(time.monotonic() + 60)
+        _meet(time.monotonic() + 40)
     if action == "raise":
         raise RuntimeError("CUDA error: an illegal memory access was encountered (double)")
     if action == "wrong":

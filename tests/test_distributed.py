@@ -125,10 +125,12 @@ def test_three_workers_share_one_study_without_repeating_a_config(postgres_url, 
     no_trial_lost(study)
     # Workers that ask near the end may overshoot the budget by a config or two (docs/distributed.md); never by
     # timing a config twice, which is what this test is about.
-    assert 5 <= result.evaluated <= 7 and result.stop_reason.startswith("reached"), result
+    assert 5 <= result.evaluated <= 7 and result.stop_reason.startswith("reached"), "\n".join(lines)
     calls = evaluated_by_workers(double)
     keys = Counter(c["config_key"] for c in calls)
     assert {A.key, B.key, E.key, A_Q.key} <= set(keys) and max(keys.values()) == 1, keys  # C spills: never run
+    # no evaluation ran into its timeout (a worker holding the whole queue would time out in "meet")
+    assert result.counts.get("timeout", 0) == 0, "\n".join(lines)
     # every original judged once; repeats reuse it or were skipped while it ran elsewhere
     originals = Counter(t.user_attrs["config_key"] for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")
                         and trial_mod.DUPLICATE_OF not in t.user_attrs and t.user_attrs["status"] != "invalid")
@@ -150,8 +152,8 @@ def test_three_workers_share_one_study_without_repeating_a_config(postgres_url, 
 
     # one finale for the launcher: the winner re-timed once, stored, summary per worker
     assert result.best is not None and result.record.action == "inserted"
-    assert result.best.config == E or result.evaluated > 5  # E is the best of the queued five
-    assert len(result.workers) == 3 and any(line.startswith("[w1] ") for line in lines)
+    assert result.best.config == E or result.evaluated > 5, "\n".join(lines)  # E is the best of the queued five
+    assert len(result.workers) == 3 and any(line.startswith("[w1] ") for line in lines), "\n".join(lines)
 
 
 def test_a_worker_killed_mid_trial_is_retried_and_the_study_completes(postgres_url, build_cache_dir, double,

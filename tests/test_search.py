@@ -517,6 +517,27 @@ def test_pipeline_overlaps_asking_building_and_evaluating():
     assert pipeline.evaluations == len([i for i in expected if i % 5])
 
 
+def test_pipeline_lookahead_stays_bounded_when_builds_are_instant():
+    """Cached builds take milliseconds: the pipeline must still not ask the whole budget ahead of the GPU (with
+    several workers on one study, the first one would hold every trial and the others would sit idle)."""
+    from autotune.scheduler import Pipeline
+
+    class Counting(FakeStages):
+        max_in_flight = 0
+
+        def ask(self):
+            item = super().ask()
+            pending = len([i for i in range(1, self.asked + 1) if i % 4]) - len(self.finished)
+            self.max_in_flight = max(self.max_in_flight, pending)
+            return item
+
+    stages = Counting(60, build_s=0.0, eval_s=0.03)
+    assert Pipeline(stages, batch_size=2).run() == []
+    assert sorted(stages.finished) == [i for i in range(1, 61) if i % 4]
+    # evaluating + up to two batches built + one building + one being asked
+    assert stages.max_in_flight <= 1 + 4 * 2, stages.max_in_flight
+
+
 def test_pipeline_stop_lets_the_running_evaluation_finish_and_returns_the_rest():
     from autotune.scheduler import Pipeline
 
