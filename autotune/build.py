@@ -103,17 +103,17 @@ def default_cache_dir() -> Path:
 
 
 def default_kernels_dir() -> Path:
-    """The kernel sources shipped as package data `autotune._kernels` (the repo's kernels/ when editable)."""
+    """The kernel sources next to this package when it runs from a source checkout (so a checkout always builds
+    its own kernels, whichever checkout an editable install points at), else the shipped package data
+    `autotune._kernels`."""
     import importlib.resources
 
+    repo_kernels = Path(__file__).resolve().parent.parent / "kernels"
+    if (repo_kernels / "common").is_dir() and (repo_kernels.parent / "pyproject.toml").is_file():
+        return repo_kernels
     try:
         return Path(str(importlib.resources.files("autotune._kernels")))
     except ModuleNotFoundError:
-        # setuptools' editable finder cannot resolve a namespace package nested in a regular package when
-        # the regular package is found on sys.path first (e.g. running from the repo root): use the checkout.
-        repo_kernels = Path(__file__).resolve().parent.parent / "kernels"
-        if (repo_kernels / "common").is_dir():
-            return repo_kernels
         raise BuildError("kernels_dir: package data autotune._kernels not found; reinstall autotune "
                          "or pass kernels_dir=<path to kernels/>") from None
 

@@ -6,6 +6,7 @@ Design: a covering set, not a cross product.
     of that problem until every value of every axis appears in at least one chosen config (falling back to the
     full space for a value the sample lacks). The seed includes the problem, so different problems get
     different configs: over the 8 problems that is well over 20 distinct configs and about 50 builds.
+  * head_dim 256: the default config of each (dtype, causal) problem (D256).
   * Runtime cases: every build runs every case in CASES, which together cover seqlen {1, 17, 128, 1000, 4096},
     seqlen_q < seqlen_k and seqlen_q > seqlen_k, GQA 4:1, the (B, N, H, D) layout (non-standard strides), and lse.
 So every axis value meets every problem dimension (head_dim, dtype, causal, each seqlen, GQA, layout) at least
@@ -80,7 +81,11 @@ def covering_configs(problem: Problem, arch: space.Arch, seed: int = 0) -> list[
     return chosen
 
 
-PLAN = tuple((p, c) for p in PROBLEMS for c in covering_configs(p, ARCH))
+# head_dim 256 is in the space but no tuned shape uses it: its default config (FlashAttention-2's 64×64 pick) per
+# dtype and causal flag, on every case.
+D256 = tuple((p, space.default_config(p, ARCH, FAMILY))
+             for p in (Problem(256, dt, c) for dt in space.DTYPES for c in (False, True)))
+PLAN = tuple((p, c) for p in PROBLEMS for c in covering_configs(p, ARCH)) + D256
 
 
 def _short(config: Config) -> str:
