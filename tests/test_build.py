@@ -171,6 +171,10 @@ def test_cache_dir_and_kernels_dir_defaults(monkeypatch, tmp_path):
     assert default_cache_dir() == Path.home() / ".cache" / "autotune" / "kernels"
     family = space.get_family("mma_sync")
     assert (default_kernels_dir() / family.source).is_file()
+    # run from a checkout, the checkout's own kernels/ (not wherever an editable install of another checkout points)
+    import autotune
+
+    assert default_kernels_dir() == Path(autotune.__file__).resolve().parent.parent / "kernels"
 
 
 def test_bad_arguments_name_the_argument(tmp_path):
