@@ -11,7 +11,7 @@ import importlib
 import sys
 
 COMMANDS = ("space", "build", "check", "bench", "search", "campaign", "best", "export", "import", "report", "dashboard",
-            "sweep", "compare-samplers")
+            "sweep", "compare-samplers", "sass")
 
 
 def make_parser() -> argparse.ArgumentParser:

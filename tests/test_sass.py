@@ -1,0 +1,160 @@
+"""autotune/sass.py and `autotune sass`: basic blocks, natural loops and the hot loop, on hand-made instruction
+lists and on real builds of both kernel families (nvdisasm from the nvidia-cuda-nvdisasm wheel of the test extra)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import space
+from autotune import sass
+from autotune.sass import Instruction
+
+ARCH = space.get_arch("sm_90")
+
+
+def _program(lines: list[str]) -> list[Instruction]:
+    """'[@P0] OPCODE operands' per line, 16 bytes apart from address 0."""
+    out = []
+    for n, text in enumerate(lines):
+        parts = text.split()
+        pred = parts.pop(0) if parts[0].startswith("@") else ""
+        out.append(Instruction(16 * n, parts[0], " ".join(parts[1:]), pred, "k.cu", 100 + n))
+    return out
+
+
+def test_nested_loops_and_an_out_of_line_stub():
+    prog = _program([
+        "MOV R0, RZ",               # 0x00 entry
+        "HMMA R4, R8, R10, R4",     # 0x10 outer loop head
+        "HMMA R4, R8, R10, R4",     # 0x20 inner loop head
+        "HMMA R4, R8, R10, R4",     # 0x30
+        "@!P1 BRA 0x80",            # 0x40 to the out-of-line wait stub
+        "@P0 BRA 0x20",             # 0x50 inner back edge
+        "@P2 BRA 0x10",             # 0x60 outer back edge
+        "EXIT",                     # 0x70
+        "SYNCS R1",                 # 0x80 stub: waits, then jumps back into the inner loop
+        "@!P1 BRA 0x80",            # 0x90
+        "BRA 0x50",                 # 0xa0
+    ])
+    loops = {lp.start: lp for lp in sass.find_loops(prog)}
+    # the stub jumping back to 0x50 is not a loop of its own (0x50 does not dominate it), only the spin at 0x80
+    assert set(loops) == {0x10, 0x20, 0x80}
+    inner, outer = loops[0x20], loops[0x10]
+    assert inner.mma_count == 2 and outer.mma_count == 3
+    assert {i.address for i in inner.instructions} >= {0x80, 0x90, 0xa0}  # the stub belongs to the inner loop
+    assert 0x10 not in {i.address for i in inner.instructions}
+    assert sass.Kernel("k", prog, list(loops.values())).hot_loop is outer  # most MMAs
+
+
+def test_hot_loop_prefers_the_innermost_of_equal_mma_counts():
+    prog = _program([
+        "MOV R0, RZ",               # 0x00
+        "IADD3 R1, R1, 0x1, RZ",    # 0x10 outer head (no MMA of its own)
+        "HMMA R4, R8, R10, R4",     # 0x20 inner head
+        "@P0 BRA 0x20",             # 0x30
+        "@P1 BRA 0x10",             # 0x40
+        "EXIT",                     # 0x50
+    ])
+    k = sass.Kernel("k", prog, sass.find_loops(prog))
+    assert len(k.loops) == 2 and k.hot_loop.start == 0x20
+
+
+def test_blocks_know_how_they_are_entered():
+    prog = _program(["@P0 BRA 0x30", "MOV R1, RZ", "BRA 0x40", "MOV R2, RZ", "EXIT"])
+    blocks = sass.basic_blocks(prog)
+    assert [(b.start, b.end) for b in blocks] == [(0x0, 0x0), (0x10, 0x20), (0x30, 0x30), (0x40, 0x40)]
+    assert [b.falls_through for b in blocks] == [False, True, False, True]
+    assert blocks[2].entered_from == [0x0] and blocks[3].entered_from == [0x20]
+    assert sass.successors(blocks) == {0x0: [0x10, 0x30], 0x10: [0x40], 0x30: [0x40], 0x40: []}
+
+
+def test_parse_json_maps_source_files_and_lines():
+    doc = [{"SM": {"version": {"major": 9, "minor": 0}}},
+           [{"function-name": "f", "start": 0, "length": 32, "sass-instructions": [
+               {"opcode": "HMMA.16816.F32", "operands": "R4,R8,R10,R4", "source-file-id": 1, "source-line": 7},
+               {"predicate": "@!P0", "opcode": "BRA", "operands": "0x0"}]}],
+           {"directories": ["/src/a", "/inc"], "files": [{"dir-idx": 1, "file": "x.h"}, {"dir-idx": 0, "file": "k.cu"}]}]
+    (k,) = sass.parse_json(json.dumps(doc))
+    first, second = k.instructions
+    assert (first.base, first.file, first.line) == ("HMMA", "/src/a/k.cu", 7)
+    assert (second.predicate, second.target, second.file) == ("@!P0", 0x0, None)
+    assert k.hot_loop.mma_count == 1
+    with pytest.raises(ValueError, match="nvdisasm JSON"):
+        sass.parse_json("{}")
+
+
+def test_line_ranges_groups_runs_per_file():
+    lines = [("/k/flash_fwd.cu", n) for n in (280, 281, 283, 300)] + [("/k/ptx.cuh", 16)]
+    assert sass.line_ranges(lines) == "flash_fwd.cu:280-283,300 ptx.cuh:16"
+
+
+def test_missing_nvdisasm_says_where_it_looked(monkeypatch, tmp_path):
+    monkeypatch.setenv("AUTOTUNE_NVDISASM", str(tmp_path / "nope"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.setattr(sass, "_wheel_candidates", lambda: [])
+    monkeypatch.setattr("autotune.nvcc.find_nvcc", lambda: tmp_path / "bin" / "nvcc")
+    with pytest.raises(sass.NvdisasmNotFoundError, match="pip install nvidia-cuda-nvdisasm"):
+        sass.find_nvdisasm()
+
+
+# ---- real builds ------------------------------------------------------------------------------------------------
+
+def _nvdisasm():
+    try:
+        return sass.find_nvdisasm()
+    except sass.NvdisasmNotFoundError as e:
+        pytest.skip(str(e))
+
+
+def _build(config, problem, cache):
+    from autotune.build import Builder
+
+    result = Builder(ARCH, cache_dir=cache, extra_flags=["-lineinfo"]).build_one(config, problem)
+    assert result.ok, result.error
+    return result
+
+
+def test_mma_sync_hot_loop_is_the_tile_loop_with_its_masking_block(build_cache_dir):
+    tool = _nvdisasm()
+    problem = space.Problem(128, "fp16", False)
+    config = space.default_config(problem, ARCH, "mma_sync")  # 128×64 tile, 4 warps × 1
+    (kernel,) = sass.disassemble(_build(config, problem, build_cache_dir).cubin_path, tool)
+    loop = kernel.hot_loop
+    # per warp and tile: S = Q Kᵀ is 2 m-tiles × 8 n-tiles × 8 k-steps, O += P V is 2 × 16 × 4 → 256 mma.sync
+    assert loop.opcodes["HMMA"] == 256 == sum(1 for i in kernel.instructions if i.base == "HMMA")
+    assert loop.opcodes["LDGSTS"] > 0  # the next K/V tiles are loaded inside the loop
+    # the block that masks scores is a block of its own, and its source line is the masking line
+    masking = max(loop.blocks, key=lambda b: b.opcodes["FSEL"])
+    assert masking.opcodes["FSEL"] >= 64
+    texts = {sass.source_line(f, n) for f, n in masking.lines()}
+    assert any("-INFINITY" in t for t in texts), texts
+
+
+def test_wgmma_hot_loop_is_not_the_whole_kernel(build_cache_dir):
+    tool = _nvdisasm()
+    problem = space.Problem(128, "fp16", False)
+    config = space.default_config(problem, ARCH, "wgmma")
+    (kernel,) = sass.disassemble(_build(config, problem, build_cache_dir).cubin_path, tool)
+    loop = kernel.hot_loop
+    assert loop.opcodes["HGMMA"] > 0
+    # mbarrier waits branch to retry stubs placed after the function body and jump back: those ranges are not
+    # loops, so the hot loop is the consumer's tile loop, not most of the kernel
+    assert len(loop.instructions) < len(kernel.instructions) / 2
+    assert all(i.file is None or i.file.endswith((".cu", ".cuh", ".h", ".hpp")) for i in loop.instructions)
+
+
+def test_sass_command(build_cache_dir, capsys):
+    _nvdisasm()
+    from autotune.cli import main
+
+    common = ["--head-dim", "64", "--arch", "sm_90", "--cache-dir", str(build_cache_dir)]
+    assert main(["sass", "--family", "mma_sync", *common, "--by-line", "--top", "5", "--dump"]) == 0
+    out = capsys.readouterr().out
+    assert "hot loop  0x" in out and " HMMA" in out and "instructions per source line" in out
+    assert "flash_fwd.cu:" in out
+    assert main(["sass", *common, "--top", "0"]) == 2
+    assert "--top" in capsys.readouterr().err
+    assert main(["sass", *common, "--config", "mma_sync:br=7"]) == 2
+    assert "--config" in capsys.readouterr().err
