@@ -118,10 +118,37 @@ def default_kernels_dir() -> Path:
                          "or pass kernels_dir=<path to kernels/>") from None
 
 
-def sources_digest(kernels_dir: Path) -> str:
-    """sha256 over every kernel source file (relative path and contents) under kernels_dir."""
+_QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def family_sources(kernels_dir: Path, source: str) -> list[Path]:
+    """The files a family's kernel is compiled from: its source and every file it includes with quotes,
+    transitively (kernels/ includes only its own headers that way; system headers use <...>)."""
+    root = Path(kernels_dir).resolve()
+    seen: set[Path] = set()
+    todo = [root / source]
+    while todo:
+        path = todo.pop().resolve()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        for name in _QUOTED_INCLUDE.findall(path.read_text(errors="replace")):
+            todo.append(path.parent / name)
+    return sorted(seen)
+
+
+def sources_digest(kernels_dir: Path, sources: Iterable[str] | None = None) -> str:
+    """sha256 over kernel source files (relative path and contents): those `sources` (family source paths
+    relative to kernels_dir) are compiled from, or every source file under kernels_dir.
+
+    Per family, an edit to one family's files leaves the other families' cache entries and study provenance
+    alone (a kernel writer iterating on sm80/ does not rebuild every sm90 variant)."""
+    kernels_dir = Path(kernels_dir).resolve()
+    if sources is None:
+        files = sorted(p for p in kernels_dir.rglob("*") if p.is_file() and p.suffix in SOURCE_SUFFIXES)
+    else:
+        files = sorted({f for src in sources for f in family_sources(kernels_dir, src)})
     h = hashlib.sha256()
-    files = sorted(p for p in kernels_dir.rglob("*") if p.is_file() and p.suffix in SOURCE_SUFFIXES)
     for path in files:
         rel = path.relative_to(kernels_dir).as_posix()
         data = path.read_bytes()
@@ -231,14 +258,16 @@ class Builder:
                 if progress:
                     progress(done, total, results[i])
 
-        digest = sources_digest(self.kernels_dir)
+        digests: dict[str, str] = {}  # family -> its sources' digest, read once per call
         misses: dict[str, list[int]] = {}  # key -> positions; identical requests compile once
         for i, (config, problem) in enumerate(items):
             rejected = space.violations(config, problem, self.arch) if self.check_rules else []
             if rejected:
                 finish([i], self._rejected(config, problem, rejected))
                 continue
-            key = self.key(config, problem, digest)
+            if config.family not in digests:
+                digests[config.family] = self.sources_digest((config.family,))
+            key = self.key(config, problem, digests[config.family])
             if key in misses:
                 misses[key].append(i)
                 continue
@@ -252,10 +281,15 @@ class Builder:
             self._compile(items, misses, finish)
         return results  # type: ignore[return-value]  (every slot is filled)
 
+    def sources_digest(self, families: Iterable[str]) -> str:
+        """Digest of the kernel files these families compile from (build.sources_digest)."""
+        return sources_digest(self.kernels_dir, sorted({space.get_family(f).source for f in families}))
+
     def key(self, config: Config, problem: Problem, digest: str | None = None) -> str:
+        """The cache key; `digest`: this config's family's sources digest, when the caller has it already."""
         family = space.get_family(config.family)
         material = {
-            "sources": digest or sources_digest(self.kernels_dir),
+            "sources": digest or self.sources_digest((config.family,)),
             "source": family.source,
             "entry": family.entry,
             "defines": define_flags(config, problem),

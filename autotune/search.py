@@ -344,8 +344,8 @@ def _open_session(options: SearchOptions, url: str, *, builder=None, evaluator=N
             from .build import Builder
 
             builder = Builder(arch, cache_dir=options.cache_dir, jobs=options.jobs, extra_flags=options.nvcc_flags)
-        provenance = winner.provenance(builder)
         search_space = SearchSpace(options.shape.problem, arch, options.families)
+        provenance = winner.provenance(builder, search_space.families)
         name = options.study_name or studies.default_study_name(gpu_name, options.shape, options.families)
         if options.replay is not None and not options.study_name:
             name = f"replay-{name}"  # never the name of the real study recorded on that GPU
@@ -450,8 +450,10 @@ def _finale(result: SearchResult, study, builder, evaluator, options: SearchOpti
     own = isinstance(store, str)
     store = BestStore(store) if own else store
     try:
+        # the stored row's source hash is that of the winner's family, not of every family searched
+        row_provenance = {**provenance, **winner.provenance(builder, (best.config.family,))}
         result.record = winner.store_best(store, best, options.shape, result.gpu_name, result.arch,
-                                          result.study_name, provenance)
+                                          result.study_name, row_provenance)
     finally:
         if own:
             store.close()

@@ -159,8 +159,8 @@ def run_sweeps(options: SweepOptions, *, builder=None, evaluator=None,
             builder = Builder(arch, cache_dir=options.cache_dir, jobs=options.jobs, extra_flags=options.nvcc_flags)
         from .winner import provenance
 
-        prov = provenance(builder)
         families = _families(options.families, arch)
+        prov = provenance(builder, families)
         work = [_prepare(shape, options, arch, families, gpu_name, prov, log) for shape in options.shapes]
         log(f"sweep on {gpu_name} ({arch.name}), families {'+'.join(families)}: "
             + "; ".join(f"{w.shape.key} {len(w.todo)} to do of {len(w.configs)}" for w in work)

@@ -27,14 +27,12 @@ class Retimed:
                 "reason": o.reason}
 
 
-def provenance(builder) -> dict:
-    """Study/store provenance of the kernels being built: source hash and compiler."""
+def provenance(builder, families) -> dict:
+    """Study/store provenance of the kernels being built: the digest of the sources these families compile
+    from (build.sources_digest), and the compiler."""
     out = {}
-    kernels_dir = getattr(builder, "kernels_dir", None)
-    if kernels_dir is not None:
-        from .build import sources_digest
-
-        out["kernel_source_hash"] = sources_digest(kernels_dir)
+    if getattr(builder, "kernels_dir", None) is not None and hasattr(builder, "sources_digest"):
+        out["kernel_source_hash"] = builder.sources_digest(families)
     version = getattr(builder, "nvcc_version", None)
     if version:
         out["nvcc_version"] = version

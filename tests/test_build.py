@@ -78,6 +78,32 @@ def test_kernel_source_change_misses_the_cache(tmp_path):
     assert after.cubin_hash == before.cubin_hash
 
 
+def test_each_family_hashes_only_the_files_it_compiles_from(tmp_path):
+    from autotune.build import family_sources
+
+    kernels = tmp_path / "kernels"
+    shutil.copytree(default_kernels_dir(), kernels)
+    rel = {p.relative_to(kernels).as_posix() for p in family_sources(kernels, "sm80/flash_fwd.cu")}
+    assert rel == {"sm80/flash_fwd.cu", "sm80/ptx.cuh", "sm80/traits.cuh", "common/flash_params.h"}
+    assert "sm90/wgmma_ops.cuh" in {p.relative_to(kernels).as_posix()
+                                    for p in family_sources(kernels, "sm90/flash_fwd.cu")}
+
+    builder = Builder(ARCH, cache_dir=tmp_path / "cache", kernels_dir=kernels)
+    wgmma = space.default_config(PROBLEM, ARCH, "wgmma")
+    keys = {c.family: builder.key(c, PROBLEM) for c in (DEFAULT, wgmma)}
+
+    def touch(name: str) -> None:  # append a comment line: new contents, same code
+        path = kernels / name
+        path.write_text(path.read_text() + "\n// edited\n")
+
+    touch("sm90/traits.cuh")  # the other family's file: mma_sync builds stay cached
+    assert builder.key(DEFAULT, PROBLEM) == keys["mma_sync"] and builder.key(wgmma, PROBLEM) != keys["wgmma"]
+    keys["wgmma"] = builder.key(wgmma, PROBLEM)
+    touch("common/flash_params.h")  # shared by both
+    assert builder.key(DEFAULT, PROBLEM) != keys["mma_sync"] and builder.key(wgmma, PROBLEM) != keys["wgmma"]
+    assert builder.sources_digest(["mma_sync", "wgmma"]) != builder.sources_digest(["mma_sync"])
+
+
 def test_compiler_failure_carries_the_static_assert_and_is_cached(tmp_path, build_cache_dir):
     assert [v.rule for v in space.violations(BAD_ROWS, PROBLEM, ARCH)] == ["rows_per_warp"]
     builder = Builder(ARCH, cache_dir=build_cache_dir, check_rules=False)
