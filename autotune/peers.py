@@ -106,6 +106,24 @@ def make_storage(url: str, heartbeat: int = DEFAULT_HEARTBEAT, grace: int = DEFA
                                           grace_period=grace, **{name: _OnStale()})
 
 
+def reset_connections(rdb) -> None:
+    """Drop the storage's pooled connections, so the next operation opens a fresh one.
+
+    A KeyboardInterrupt that lands while the driver waits for the server (psycopg) leaves that connection in
+    the middle of a query; SQLAlchemy returns it to the pool as it is, and every later write through it fails
+    ("can't change 'autocommit' now: connection in transaction status ACTIVE"). Called before the trials in
+    flight are failed after an interrupt, so that clean-up cannot be lost to the interrupted query."""
+    registry = getattr(rdb, "scoped_session", None)
+    engine = getattr(rdb, "engine", None)
+    try:
+        if registry is not None:
+            registry.remove()
+        if engine is not None:
+            engine.dispose()
+    except Exception:  # noqa: BLE001  (a connection that cannot even be closed: the new pool does not need it)
+        pass
+
+
 # -- heartbeat ------------------------------------------------------------------------------------------------
 
 class Heartbeat:
@@ -289,4 +307,4 @@ def for_storage(rdb, url: str, log: Callable[[str], None] = print):
 
 
 __all__ = ["DEFAULT_GRACE", "DEFAULT_HEARTBEAT", "Heartbeat", "MINE", "REFRESH_SECONDS", "Shared", "Solo", "Verdict",
-           "for_storage", "is_shared", "make_storage"]
+           "for_storage", "is_shared", "make_storage", "reset_connections"]

@@ -274,6 +274,8 @@ class _Loop:
         """FAIL every trial asked but not told (they do not count, and their configs may come again)."""
         n = 0
         with interrupts.critical():
+            if self.in_flight:
+                peers.reset_connections(getattr(self.peers, "rdb", None))  # an interrupt may have cut a query short
             if self.gpu_lock is not None:
                 self.gpu_lock.release()
             for pending in list(self.in_flight.values()):
@@ -282,7 +284,7 @@ class _Loop:
                     self.peers.released(t)
                     n += 1
             self.in_flight.clear()
-        self.this_run["cancelled"] += n
+            self.this_run["cancelled"] += n
         return n
 
     def _tell(self, t, outcome: Outcome, config: Config, remember: bool) -> None:
@@ -466,7 +468,7 @@ def _run_pipeline(loop: _Loop, options: SearchOptions, batch_size: int) -> tuple
     try:
         leftovers = pipeline.run()
     except KeyboardInterrupt:
-        n = loop.abandon("interrupted (Ctrl-C) before it was evaluated")
+        n = _abandon_through_interrupts(loop, "interrupted (Ctrl-C) before it was evaluated")
         return (f"interrupted (Ctrl-C): {n} trial(s) in flight marked failed; run the same command again to "
                 "resume", pipeline, True)
     except BaseException:
@@ -484,6 +486,19 @@ def _run_pipeline(loop: _Loop, options: SearchOptions, batch_size: int) -> tuple
         reason = (f"stopped after {loop.asks} asks without enough new valid configs (the valid space may be "
                   "exhausted, or the sampler keeps proposing invalid or repeated ones)")
     return reason, pipeline, False
+
+
+def _abandon_through_interrupts(loop: _Loop, reason: str) -> int:
+    """loop.abandon(reason), finished even when another Ctrl-C lands before it starts (a launcher forwards
+    SIGINT to workers that the terminal signalled too); abandon itself runs as one critical section."""
+    before = loop.this_run["cancelled"]
+    while True:
+        try:
+            loop.abandon(reason)
+            return loop.this_run["cancelled"] - before
+        except KeyboardInterrupt:
+            if not loop.in_flight:  # raised as abandon's critical section ended: the work is done
+                return loop.this_run["cancelled"] - before
 
 
 def _enqueue(study, search_space: SearchSpace, memory, options: SearchOptions, arch: Arch,

@@ -260,15 +260,28 @@ def defer(study, trial, config: Config, owner: int | None) -> None:
 
 def abandon(study, trial, reason: str) -> None:  # trial: optuna Trial or trial number
     """Finish a trial that was asked but never judged (interrupt, --timeout): FAIL, so no sampler learns
-    from it and a later run does not count it; its config may be proposed again."""
+    from it and a later run does not count it; its config may be proposed again.
+
+    The state matters more than the reason: a failed write of the reason (e.g. the first write on a connection
+    that an interrupt left in the middle of a query) does not skip the state, and the state is written twice
+    before giving up."""
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
-    try:
-        if hasattr(trial, "set_user_attr"):  # a Trial from ask(); stale ones from storage come as numbers
+    if hasattr(trial, "set_user_attr"):  # a Trial from ask(); stale ones from storage come as numbers
+        try:
             trial.set_user_attr("reason", reason)
-        study.tell(trial, state=TrialState.FAIL)
-    except Exception:  # already finished, or the storage is gone while shutting down: nothing left to save
-        pass
+        except Exception:  # noqa: BLE001  (see above; the tell below is what counts)
+            pass
+    for attempt in (1, 2):
+        try:
+            study.tell(trial, state=TrialState.FAIL)
+            return
+        except (UpdateFinishedTrialError, ValueError):  # already finished (told, or failed as stale): done
+            return
+        except Exception:  # noqa: BLE001  (a broken connection: the pool hands out a fresh one next time)
+            if attempt == 2:
+                return  # the storage is gone while shutting down; the heartbeat check fails it later
 
 
 __all__ = ["CONSTRAINT_ATTR", "DUPLICATE_OF", "LATE_FOR", "Outcome", "RUNNING_IN", "SAME_CUBIN_AS", "STATUSES",

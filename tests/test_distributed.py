@@ -95,13 +95,14 @@ def load(url: str, name: str = "d"):
     return optuna.load_study(study_name=name, storage=url)
 
 
-def no_trial_lost(study) -> None:
-    """Nothing RUNNING, and every failed trial says why — or is a dead worker's trial that was re-queued."""
+def no_trial_lost(study, output: str = "") -> None:
+    """Nothing RUNNING, and every failed trial says why — or is a dead worker's trial that was re-queued.
+    `output`: what the run printed, shown when this fails."""
     retried = {t.system_attrs.get("failed_trial") for t in study.trials}
     for t in study.trials:
-        assert t.state.name != "RUNNING", t.number
+        assert t.state.name != "RUNNING", f"trial #{t.number} left RUNNING ({t.params}); the run printed:\n{output}"
         if t.state.name == "FAIL":
-            assert t.user_attrs.get("reason") or t.number in retried, (t.number, t.user_attrs)
+            assert t.user_attrs.get("reason") or t.number in retried, (t.number, t.user_attrs, output)
 
 
 def evaluated_by_workers(double) -> list[dict]:
@@ -251,7 +252,7 @@ def test_ctrl_c_fails_the_trials_in_flight_prints_the_summary_and_the_run_resume
     assert "interrupted: nothing was re-timed or stored" in out and "trials by status:" in out, out
 
     study = load(postgres_url)
-    no_trial_lost(study)
+    no_trial_lost(study, out)
     (b,) = [t for t in study.trials if t.user_attrs.get("config_key") == B.key or study_config(t) == B]
     assert b.state.name == "FAIL" and "interrupted" in b.user_attrs["reason"]
     done_before = {t.user_attrs["config_key"] for t in study.trials if t.state.name == "COMPLETE"}

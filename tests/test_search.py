@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections import Counter
 
 import pytest
 
@@ -548,3 +549,50 @@ def test_pipeline_stop_lets_the_running_evaluation_finish_and_returns_the_rest()
     assert stages.evaluating is None and len(stages.finished) >= 3
     assert leftovers and not set(leftovers) & set(stages.finished)
     assert len(stages.finished) + len(leftovers) == len([i for i in range(1, stages.asked + 1) if i % 4])
+
+
+# ---- clean-up after an interrupt ------------------------------------------------------------------------------
+
+def test_abandon_fails_the_trial_even_when_writing_the_reason_fails(tmp_path):
+    import optuna
+
+    from autotune import peers
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'a.db'}")
+    study = optuna.create_study(storage=storage)
+    t = study.ask()
+
+    def broken(key, value):  # what the first write on a connection cut short by Ctrl-C does
+        raise optuna.exceptions.StorageInternalError("connection in transaction status ACTIVE")
+
+    t.set_user_attr = broken
+    peers.reset_connections(storage)  # and the storage still works after its pool was dropped
+    trial_mod.abandon(study, t, "interrupted")
+    assert study.trials[0].state == optuna.trial.TrialState.FAIL
+    trial_mod.abandon(study, t, "interrupted")  # a finished trial: nothing to do, no error
+
+
+def test_a_second_ctrl_c_before_the_clean_up_does_not_skip_it():
+    from autotune.search import _abandon_through_interrupts
+
+    class Loop:
+        def __init__(self):
+            self.in_flight = {"a": 1, "b": 2}
+            self.this_run = Counter()
+            self.calls = 0
+
+        def abandon(self, reason):
+            self.calls += 1
+            if self.calls == 1:
+                raise KeyboardInterrupt  # landed between the except clause and the critical section
+            n = len(self.in_flight)
+            self.in_flight.clear()
+            self.this_run["cancelled"] += n
+            if self.calls == 2:
+                raise KeyboardInterrupt  # deferred inside the critical section, raised as it ends
+            return n
+
+    loop = Loop()
+    assert _abandon_through_interrupts(loop, "interrupted") == 2
+    assert loop.in_flight == {} and loop.calls == 2
