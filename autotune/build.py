@@ -42,7 +42,6 @@ from .nvcc import find_nvcc, nvcc_version
 from .ptxas import BuildReport, PtxasParseError, parse_report
 
 BASE_FLAGS = ("-cubin", "-O3", "-std=c++17", "-Xptxas", "-v")
-SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hpp", ".inl", ".inc")
 CUBIN, LOG, META = "kernel.cubin", "ptxas.log", "meta.json"
 # Exit codes that say nothing about the sources: timeout(1)'s "timed out" (124, 137 after -k) and the shell's
 # "cannot execute" / "not found" (126, 127). Such failures are reported but never cached.
@@ -137,20 +136,17 @@ def family_sources(kernels_dir: Path, source: str) -> list[Path]:
     return sorted(seen)
 
 
-def sources_digest(kernels_dir: Path, sources: Iterable[str] | None = None) -> str:
-    """sha256 over kernel source files (relative path and contents): those `sources` (family source paths
-    relative to kernels_dir) are compiled from, or every source file under kernels_dir.
+def sources_digest(kernels_dir: Path, sources: Iterable[str]) -> str:
+    """sha256 over the kernel files (relative path and contents) that `sources` (family source paths relative
+    to kernels_dir) are compiled from.
 
     Per family, an edit to one family's files leaves the other families' cache entries and study provenance
     alone (a kernel writer iterating on sm80/ does not rebuild every sm90 variant)."""
     kernels_dir = Path(kernels_dir).resolve()
-    if sources is None:
-        files = sorted(p for p in kernels_dir.rglob("*") if p.is_file() and p.suffix in SOURCE_SUFFIXES)
-    else:
-        files = sorted({f for src in sources for f in family_sources(kernels_dir, src)})
+    files = sorted({f for src in sources for f in family_sources(kernels_dir, src)})
     h = hashlib.sha256()
     for path in files:
-        rel = path.relative_to(kernels_dir).as_posix()
+        rel = Path(os.path.relpath(path, kernels_dir)).as_posix()  # '../x.h' for an include from outside
         data = path.read_bytes()
         h.update(f"{rel}\0{len(data)}\0".encode())
         h.update(data)
@@ -445,4 +441,4 @@ def _error_text(log: str, limit: int = 40) -> str:
 
 
 __all__ = ["BuildError", "BuildReport", "BuildResult", "Builder", "default_cache_dir", "default_kernels_dir",
-           "define_flags", "sources_digest"]
+           "define_flags", "family_sources", "sources_digest"]
