@@ -111,28 +111,27 @@ class Kernel:
 def find_nvdisasm() -> Path:
     """$AUTOTUNE_NVDISASM, $CUDA_HOME/bin, PATH, next to nvcc, then the nvidia-cuda-nvdisasm wheel; raises
     NvdisasmNotFoundError saying where it looked and how to get one."""
-    tried = []
-    env = os.environ.get("AUTOTUNE_NVDISASM")
-    candidates = [Path(env)] if env else []
-    tried.append(f"$AUTOTUNE_NVDISASM = {env}" if env else "$AUTOTUNE_NVDISASM (not set)")
+    candidates: list[tuple[str, Path]] = []  # (where, path)
+    if os.environ.get("AUTOTUNE_NVDISASM"):
+        candidates.append(("$AUTOTUNE_NVDISASM", Path(os.environ["AUTOTUNE_NVDISASM"])))
     if os.environ.get("CUDA_HOME"):
-        candidates.append(Path(os.environ["CUDA_HOME"]) / "bin" / "nvdisasm")
-    on_path = shutil.which("nvdisasm")
-    if on_path:
-        candidates.append(Path(on_path))
+        candidates.append(("$CUDA_HOME/bin", Path(os.environ["CUDA_HOME"]) / "bin" / "nvdisasm"))
+    if shutil.which("nvdisasm"):
+        candidates.append(("PATH", Path(shutil.which("nvdisasm"))))
     try:
         from .nvcc import find_nvcc
 
-        candidates.append(find_nvcc().parent / "nvdisasm")
+        candidates.append(("next to nvcc", find_nvcc().parent / "nvdisasm"))
     except Exception:  # noqa: BLE001  (no nvcc: the wheel may still be there)
         pass
-    candidates += _wheel_candidates()
-    for c in candidates:
+    candidates += [("the nvidia-cuda-nvdisasm wheel", c) for c in _wheel_candidates()]
+    for _, c in candidates:
         if c.is_file() and os.access(c, os.X_OK):
             return c
-    tried += [str(c) for c in candidates[1 if env else 0:]] or ["CUDA_HOME, PATH, nvcc's directory: nothing"]
+    tried = [f"{where}: {c} (not an executable file)" for where, c in candidates]
     raise NvdisasmNotFoundError(
-        "nvdisasm not found; looked at:\n  - " + "\n  - ".join(tried)
+        "nvdisasm not found; looked at:\n  - "
+        + "\n  - ".join(tried or ["$AUTOTUNE_NVDISASM, $CUDA_HOME, PATH, nvcc's directory, the wheel: none set"])
         + "\nFix: `pip install nvidia-cuda-nvdisasm` (or `pip install 'autotune[sass]'`), install the full CUDA "
         "toolkit, or point $AUTOTUNE_NVDISASM at an nvdisasm executable.")
 
