@@ -5,8 +5,10 @@ Deterministic fake speed from the config; it checks that the cubin it was handed
 is real in these tests). Behaviour per config comes from a JSON plan named by $AUTOTUNE_DOUBLE_PLAN:
 {"<config key>": "crash" | "hang" | "wrong" | "raise" | "crash_once" | "hang_once" | "slow" | "meet"}; "slow"
 sleeps $AUTOTUNE_DOUBLE_SLOW seconds (default 1) before answering, for tests that must catch an evaluation in
-flight; "meet" waits (up to 40 s, well inside the tests' 60 s evaluation timeout) until another worker process has started an evaluation too, so that a test of
-several workers does not depend on how fast the machine starts them.
+flight; "meet" waits (up to 40 s, well inside the tests' 60 s evaluation timeout) until another worker
+process has started an evaluation too, so that a test of several workers does not depend on how fast the
+machine starts them.
+Tests drive the double through `Control` (the plan, the call log, waiting for a call).
 Every call is appended to the file named by $AUTOTUNE_DOUBLE_LOG (one JSON line: pid, parent pid, worker index
 and CUDA_VISIBLE_DEVICES of the search process, call, config key, cubin hash; an `evaluated` line with start and
 end times when an evaluation answers), so tests can see what ran where and when. $AUTOTUNE_DOUBLE_DEVICES sets
@@ -20,6 +22,44 @@ import time
 from pathlib import Path
 
 GPU_NAME = "Test Double GPU"
+
+
+class Control:
+    """A test's handle on the double: its plan and its call log, files in `directory` that every search
+    process and evaluation child finds through the environment (`env()`, for monkeypatch.setenv)."""
+
+    def __init__(self, directory: Path):
+        self.log = Path(directory) / "double-calls.jsonl"
+        self.plan_path = Path(directory) / "double-plan.json"
+        self.plan({})
+
+    def env(self) -> dict[str, str]:
+        return {"AUTOTUNE_DOUBLE_LOG": str(self.log), "AUTOTUNE_DOUBLE_PLAN": str(self.plan_path)}
+
+    def plan(self, actions: dict) -> None:
+        """{Config: action} (module docstring)."""
+        self.plan_path.write_text(json.dumps({c.key: a for c, a in actions.items()}))
+
+    def calls(self, kind: str = "evaluate") -> list[dict]:
+        if not self.log.is_file():
+            return []
+        return [c for c in map(json.loads, self.log.read_text().splitlines()) if c["call"] == kind]
+
+    def evaluated(self) -> list[str]:
+        return [c["config_key"] for c in self.calls()]
+
+    def mark(self) -> int:
+        return len(self.calls())
+
+    def wait_for(self, predicate, timeout: float = 120.0) -> dict:
+        """The first evaluate call for which predicate(call) holds, waiting for it up to `timeout` seconds."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for c in self.calls():
+                if predicate(c):
+                    return c
+            time.sleep(0.05)
+        raise AssertionError(f"the double saw no such evaluation within {timeout} s: {self.calls()}")
 
 
 def _log(call: str, **fields) -> None:

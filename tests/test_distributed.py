@@ -7,7 +7,6 @@ made slow on purpose (the double's "slow" and "hang_once" plans).
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -34,33 +33,9 @@ HEARTBEAT, GRACE = 1, 4   # seconds: quick to detect a dead worker, and 4 beats 
 @pytest.fixture
 def double(tmp_path, monkeypatch):
     """The double's call log and plan, through the environment every worker and evaluation child inherits."""
-
-    class Double:
-        log = tmp_path / "double-calls.jsonl"
-        plan_path = tmp_path / "double-plan.json"
-
-        def plan(self, actions: dict) -> None:
-            self.plan_path.write_text(json.dumps({c.key: a for c, a in actions.items()}))
-
-        def calls(self, kind: str = "evaluate") -> list[dict]:
-            if not self.log.is_file():
-                return []
-            lines = [json.loads(x) for x in self.log.read_text().splitlines() if x.strip()]
-            return [c for c in lines if c["call"] == kind]
-
-        def wait_for(self, predicate, timeout: float = 120.0) -> dict:
-            end = time.monotonic() + timeout
-            while time.monotonic() < end:
-                for c in self.calls():
-                    if predicate(c):
-                        return c
-                time.sleep(0.05)
-            raise AssertionError(f"the double saw no such evaluation within {timeout} s: {self.calls()}")
-
-    d = Double()
-    d.plan({})
-    monkeypatch.setenv("AUTOTUNE_DOUBLE_LOG", str(d.log))
-    monkeypatch.setenv("AUTOTUNE_DOUBLE_PLAN", str(d.plan_path))
+    d = search_doubles.Control(tmp_path)
+    for name, value in d.env().items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("AUTOTUNE_DOUBLE_SLOW", "1.0")
     monkeypatch.setenv("AUTOTUNE_LOCK_DIR", str(tmp_path / "locks"))  # not the other test sessions' GPU locks
     monkeypatch.delenv("AUTOTUNE_DOUBLE_DEVICES", raising=False)

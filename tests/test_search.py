@@ -8,7 +8,6 @@ trials, so each test decides exactly which configs the sampler proposes.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections import Counter
 
@@ -85,29 +84,9 @@ def spy(build_cache_dir):
 @pytest.fixture
 def double(tmp_path, monkeypatch):
     """The double's call log and behaviour plan, through the environment the child inherits."""
-
-    class Double:
-        log = tmp_path / "double-calls.jsonl"
-        plan_path = tmp_path / "double-plan.json"
-
-        def plan(self, actions: dict) -> None:
-            self.plan_path.write_text(json.dumps({c.key: a for c, a in actions.items()}))
-
-        def calls(self, kind: str = "evaluate") -> list[dict]:
-            if not self.log.is_file():
-                return []
-            return [c for c in map(json.loads, self.log.read_text().splitlines()) if c["call"] == kind]
-
-        def evaluated(self) -> list[str]:
-            return [c["config_key"] for c in self.calls()]
-
-        def mark(self) -> int:
-            return len(self.calls())
-
-    d = Double()
-    d.plan({})
-    monkeypatch.setenv("AUTOTUNE_DOUBLE_LOG", str(d.log))
-    monkeypatch.setenv("AUTOTUNE_DOUBLE_PLAN", str(d.plan_path))
+    d = search_doubles.Control(tmp_path)
+    for name, value in d.env().items():
+        monkeypatch.setenv(name, value)
     return d
 
 
