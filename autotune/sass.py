@@ -299,7 +299,8 @@ def find_loops(instrs: list[Instruction]) -> list[Loop]:
 # -- reading the source lines ---------------------------------------------------------------------------------------
 
 def line_ranges(lines: list[tuple[str, int]]) -> str:
-    """[('…/flash_fwd.cu', 280), ('…/flash_fwd.cu', 281), ('…/ptx.cuh', 16)] → 'flash_fwd.cu:280-281 ptx.cuh:16'."""
+    """Source lines as compact runs per file: [('…/flash_fwd.cu', 280), ('…/flash_fwd.cu', 281),
+    ('…/ptx.cuh', 16)] → 'flash_fwd.cu:280-281 ptx.cuh:16'."""
     by_file: dict[str, list[int]] = {}
     for f, n in lines:
         by_file.setdefault(Path(f).name, []).append(n)
@@ -330,4 +331,5 @@ def source_line(path: str | None, line: int | None) -> str:
 
 
 __all__ = ["Block", "Instruction", "Kernel", "Loop", "MMA_OPCODES", "NvdisasmNotFoundError", "basic_blocks",
-           "disassemble", "dominators", "find_loops", "find_nvdisasm", "line_ranges", "parse_json", "source_line", "successors"]
+           "disassemble", "dominators", "find_loops", "find_nvdisasm", "line_ranges", "parse_json", "source_line",
+           "successors"]

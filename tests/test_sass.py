@@ -74,7 +74,8 @@ def test_parse_json_maps_source_files_and_lines():
            [{"function-name": "f", "start": 0, "length": 32, "sass-instructions": [
                {"opcode": "HMMA.16816.F32", "operands": "R4,R8,R10,R4", "source-file-id": 1, "source-line": 7},
                {"predicate": "@!P0", "opcode": "BRA", "operands": "0x0"}]}],
-           {"directories": ["/src/a", "/inc"], "files": [{"dir-idx": 1, "file": "x.h"}, {"dir-idx": 0, "file": "k.cu"}]}]
+           {"directories": ["/src/a", "/inc"],
+            "files": [{"dir-idx": 1, "file": "x.h"}, {"dir-idx": 0, "file": "k.cu"}]}]
     (k,) = sass.parse_json(json.dumps(doc))
     first, second = k.instructions
     assert (first.base, first.file, first.line) == ("HMMA", "/src/a/k.cu", 7)
