@@ -70,7 +70,8 @@ class Evaluation:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def _context_alive() -> bool:
+def context_alive() -> bool:
+    """Whether this process's CUDA context still works (a faulting kernel poisons it for good)."""
     import torch
 
     try:
@@ -108,7 +109,7 @@ def evaluate(build, shape: Shape, check_seed: int | None = None, layout: str = "
         ev.status = "complete"
     except Exception as e:  # a bad kernel is a result, not an exception
         ev.status, ev.reason = "crashed", f"{type(e).__name__}: {e}"
-        ev.context_lost = not _context_alive()
+        ev.context_lost = not context_alive()
     return ev
 
 

@@ -90,9 +90,11 @@ def evaluate(build, shape: Shape):
         return EvalOutcome("complete", "", shape.tflops(t.median_ms / 1e3), t.median_ms, t.p80_ms - t.p20_ms,
                            max_error, blocks, extra={"p20_ms": t.p20_ms, "p80_ms": t.p80_ms, "n_reps": t.n})
     except Exception as e:  # a bad kernel is a result, not an exception
+        from . import measure
+
         _inputs.clear()
         return EvalOutcome("crashed", f"{type(e).__name__}: {e}", blocks_per_sm=blocks,
-                           context_lost=not _context_alive())
+                           context_lost=not measure.context_alive())
 
 
 def warmup() -> None:
@@ -109,16 +111,6 @@ def warmup() -> None:
     torch.cuda.init()
     torch.empty(1, device="cuda")
     loader.driver()
-
-
-def _context_alive() -> bool:
-    import torch
-
-    try:
-        torch.cuda.synchronize()
-        return True
-    except Exception:
-        return False
 
 
 def sdpa_baselines(shape: Shape):

@@ -8,8 +8,9 @@ For each shape (default: the five of benchmarks/h200_sweep.py) the configs are t
 else the default config of each --family (default: mma_sync). Each config is built from the "before" tree and
 from this checkout's kernels/ (one Builder cache: the source digest keeps them apart), then both builds are
 checked against the fp32 reference and timed alternately, before/after/before/after, in one child process
-(autotune.worker.Worker), and SDPA's flash and cuDNN backends are timed the same way beside them. A row's time
-is the better of its two runs (the alternation keeps clock drift from favouring either side). The compiler's
+(h200_sweep.Runner: a kernel that faults costs its row, and the next row gets a fresh CUDA context), and SDPA's
+flash, cuDNN and memory-efficient backends are timed the same way beside them. A row's time is the better of its
+two runs (the alternation keeps clock drift from favouring either side). The compiler's
 figures (registers, spill bytes) of both builds go in the table too, since a source change often moves them.
 
 Output: a markdown table per shape (printed, and in OUT/ab.md), everything in OUT/ab.json.
@@ -29,7 +30,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import space  # noqa: E402
-from h200_sweep import DEFAULT_SHAPES, parse_shape  # noqa: E402
+from h200_sweep import DEFAULT_SHAPES, Runner, parse_shape  # noqa: E402
 
 
 def log(*parts) -> None:
@@ -93,16 +94,12 @@ def main(argv=None) -> int:
             log(f"{shape.key} {config.key}: " + " → ".join(_regs(builds[(side, shape, config)]) for side in trees))
         return 0
 
-    from autotune.worker import Worker
-
-    worker = Worker(warmup=("torch.cuda:init", ()))
+    runner = Runner(timeout_s=300)
     rows, tables = [], []
     try:
-        gpu = worker.call("torch.cuda:get_device_name", timeout=60).value
+        gpu = runner.device()["gpu_name"]
         for shape in shapes:
-            timings, reasons = worker.call("autotune.measure:sdpa_baselines_with_reasons", shape,
-                                           ("flash", "cudnn"), "bhnd", args.warmup_ms, args.rep_ms,
-                                           timeout=600).value
+            timings, reasons = runner.baselines(shape, "bhnd", args.warmup_ms, args.rep_ms)
             base = {k: (shape.flops / (t.median_ms * 1e-3) / 1e12 if t else None) for k, t in timings.items()}
             lines = [f"### {shape.key} — SDPA flash {_f(base['flash'])}, cuDNN {_f(base['cudnn'])} TFLOPS", "",
                      "| config | before | after | change | after vs flash | regs / spill st+ld B (before → after) |",
@@ -118,12 +115,9 @@ def main(argv=None) -> int:
                         if not b.ok:
                             notes.append(f"{side}: {b.status} {b.error or ''}".strip())
                             continue
-                        res = worker.call("autotune.measure:evaluate", b, shape, 1000 + r, "bhnd", False,
-                                          args.warmup_ms, args.rep_ms, timeout=300)
-                        ev = res.value if res.ok else None
-                        if ev is None or ev.status != "complete":
-                            notes.append(f"{side}: {ev.status if ev else res.status} "
-                                         f"{(ev.reason if ev else res.reason) or ''}"[:200])
+                        ev = runner.evaluate(b, shape, 1000 + r, "bhnd", args.warmup_ms, args.rep_ms)
+                        if ev.status != "complete":
+                            notes.append(f"{side}: {ev.status} {ev.reason or ''}"[:200])
                             continue
                         best[side] = max(best[side] or 0.0, ev.tflops)
                 regs = " → ".join(_regs(builds[(side, shape, config)]) for side in ("before", "after"))
@@ -138,7 +132,7 @@ def main(argv=None) -> int:
             tables.append("\n".join(lines))
             log(tables[-1])
     finally:
-        worker.stop()
+        runner.close()
     args.out.mkdir(parents=True, exist_ok=True)
     header = f"GPU: {gpu}; before: {trees['before']}; after: {trees['after']}\n\n"
     (args.out / "ab.md").write_text(header + "\n\n".join(tables) + "\n")

@@ -13,7 +13,7 @@ import pytest
 
 import space
 from autotune import landscape as landscape_mod
-from autotune import sweep_eval
+from autotune import measure, sweep_eval
 from autotune.build import BuildResult
 from autotune.cli import main
 from autotune.ptxas import BuildReport
@@ -190,7 +190,7 @@ def _fake_gpu(monkeypatch, check_ok=True, bench_raises=False):
     monkeypatch.setattr(check, "check", fake_check)
     monkeypatch.setattr(timing, "bench", fake_bench)
     monkeypatch.setattr(sweep_eval, "_timing_inputs", lambda shape: (None,) * 4)
-    monkeypatch.setattr(sweep_eval, "_context_alive", lambda: False)
+    monkeypatch.setattr(measure, "context_alive", lambda: False)
     return calls
 
 
