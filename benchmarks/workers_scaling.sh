@@ -21,11 +21,15 @@ SEQLEN2=${SEQLEN2:-8192}      # shape 2: distance 1 from shape 1 (log2 seqlen)
 SHAPE=${SHAPE:---batch 4 --heads 16 --head-dim 128 --dtype fp16}
 WARM=${WARM:-4}               # configs the warm-started study tries first
 EXTRA=${EXTRA:-}              # more `autotune search` flags for every run (e.g. --family mma_sync)
+LOG_DIR=${LOG_DIR:-}          # where runs.log and results.tsv go (default: the work folder; e.g. $OUT on a GPU host)
 
 work=$(mktemp -d /tmp/autotune-workers-bench.XXXXXX)
 chmod 755 "$work"
-log="$work/runs.log"
-results="$work/results.tsv"
+log="${LOG_DIR:-$work}/runs.log"
+results="${LOG_DIR:-$work}/results.tsv"
+[[ -n "$LOG_DIR" ]] && mkdir -p "$LOG_DIR"
+: >"$log"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=index,name --format=csv,noheader | tee -a "$log"
 : >"$results"
 
 pg_stop() { :; }
@@ -33,7 +37,8 @@ if [[ -n "${AUTOTUNE_BENCH_STORAGE:-}" ]]; then
   url=$AUTOTUNE_BENCH_STORAGE
 else
   initdb=$(command -v initdb || ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -1)
-  [[ -x "$initdb" ]] || { echo "initdb not found: apt-get install postgresql, or set AUTOTUNE_BENCH_STORAGE" >&2; exit 2; }
+  [[ -x "$initdb" ]] || { echo "initdb not found: apt-get install postgresql, set AUTOTUNE_BENCH_STORAGE, or on a" \
+    "host without a package index: eval \"\$(benchmarks/gpu_host_postgres.sh unpack)\"" >&2; exit 2; }
   bin=$(dirname "$(readlink -f "$initdb")")  # createdb sits next to the real initdb, not always on PATH
   as=()
   if [[ $(id -u) == 0 ]]; then  # PostgreSQL refuses to run as root
@@ -72,6 +77,7 @@ run "n$SEQLEN2 cold" shape2-cold "$SEQLEN2" 1 "$work/cache-shape2" --warm-start 
 
 python3 - "$url" "$results" <<'EOF'
 import sys
+from collections import Counter
 
 import optuna
 
@@ -81,19 +87,26 @@ url, results = storage_url.prepare(sys.argv[1]), sys.argv[2]
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 rows = [line.rstrip("\n").split("\t") for line in open(results) if line.strip()]
 base = float(rows[0][3]) if rows else None
-print(f"\n{'run':<26} {'workers':>7} {'evaluated':>9} {'wall s':>8} {'speed-up':>8} {'best TFLOPS':>11} {'best at':>7}")
+print(f"\n{'run':<26} {'workers':>7} {'evaluated':>9} {'timed twice':>11} {'wall s':>8} {'speed-up':>8} "
+      f"{'best TFLOPS':>11} {'best at':>7} {'re-timed':>8}")
 for name, study_name, workers, wall in rows:
     try:
         study = optuna.load_study(study_name=study_name, storage=url)
     except KeyError:
-        print(f"{name:<26} {workers:>7} {'-':>9} {wall:>8}  (no study: the run failed)")
+        print(f"{name:<26} {workers:>7} {'-':>9} {'-':>11} {wall:>8}  (no study: the run failed)")
         continue
-    evaluated = sum(1 for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")
-                    and t.user_attrs.get("status") not in (None, "invalid") and "duplicate_of" not in t.user_attrs)
+    timed = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")
+             and t.user_attrs.get("status") not in (None, "invalid") and "duplicate_of" not in t.user_attrs]
+    # A config measured by two trials (neither reusing the other's result) was timed twice: the claims exist to
+    # prevent exactly that. Build failures are not timings.
+    keys = Counter(t.user_attrs.get("config_key") for t in timed if "time_ms" in t.user_attrs)
+    twice = sum(n - 1 for n in keys.values() if n > 1)
     top = studies.top_trials(study, 1)
     best = f"{top[0].value:.1f}" if top else "-"
     at = studies.trials_to_best(study) or "-"
+    retimed = len(study.user_attrs.get("retimed", []))
     speed = f"{base / float(wall):.2f}x" if study_name.startswith("scale") and base else ""
-    print(f"{name:<26} {workers:>7} {evaluated:>9} {float(wall):>8.1f} {speed:>8} {best:>11} {at!s:>7}")
+    print(f"{name:<26} {workers:>7} {len(timed):>9} {twice:>11} {float(wall):>8.1f} {speed:>8} {best:>11} "
+          f"{at!s:>7} {retimed:>8}")
 EOF
 echo "logs: $log"
