@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields
 
 from space import Shape
 
+from . import peer_fa4
 from .check import check, empty_output, make_inputs
 from .loader import as_runner
 from .timing import Timing, bench
@@ -19,6 +20,10 @@ from .timing import Timing, bench
 STATUSES = ("complete", "wrong", "crashed", "timeout")  # 'timeout' is given by the caller that isolates us
 SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
                  "math": "MATH"}
+# Peers outside torch, timed beside the SDPA backends when installed (autotune.peer_fa4): their names are kept
+# as they are in the baselines ("fa4"), where SDPA's get an "sdpa_" prefix.
+PEERS = ("fa4",)
+DEFAULT_BASELINES = ("flash", "cudnn", "efficient", "fa4")
 
 
 @dataclass
@@ -151,22 +156,26 @@ def sdpa_baseline(shape: Shape, backend: str, layout: str = "bhnd", warmup_ms: f
         return bench(fn, warmup_ms=warmup_ms, rep_ms=rep_ms, n_rep=n_rep)
 
 
-def sdpa_baselines(shape: Shape, backends=("flash", "cudnn", "efficient"), layout: str = "bhnd",
+def sdpa_baselines(shape: Shape, backends=DEFAULT_BASELINES, layout: str = "bhnd",
                    warmup_ms: float = 25, rep_ms: float = 100, n_rep: int | None = None,
                    reasons: dict | None = None) -> dict[str, Timing | None]:
-    """{backend: Timing, or None when torch refuses the shape}; pass a dict as `reasons` to learn why."""
+    """{backend: Timing, or None when torch refuses the shape or the peer is not installed}; pass a dict as
+    `reasons` to learn why. Backends are SDPA's ('flash', ...) and the PEERS ('fa4', on its own layout)."""
     out: dict[str, Timing | None] = {}
     for name in backends:
         try:
-            out[name] = sdpa_baseline(shape, name, layout, warmup_ms, rep_ms, n_rep)
-        except BackendUnavailable as e:
+            if name == "fa4":
+                out[name] = peer_fa4.fa4_timing(shape, warmup_ms, rep_ms, n_rep)
+            else:
+                out[name] = sdpa_baseline(shape, name, layout, warmup_ms, rep_ms, n_rep)
+        except (BackendUnavailable, peer_fa4.PeerUnavailable) as e:
             out[name] = None
             if reasons is not None:
                 reasons[name] = str(e)
     return out
 
 
-def sdpa_baselines_with_reasons(shape: Shape, backends=("flash", "cudnn", "efficient"), layout: str = "bhnd",
+def sdpa_baselines_with_reasons(shape: Shape, backends=DEFAULT_BASELINES, layout: str = "bhnd",
                                 warmup_ms: float = 25, rep_ms: float = 100,
                                 n_rep: int | None = None) -> tuple[dict[str, Timing | None], dict[str, str]]:
     """(timings, reasons): the same as sdpa_baselines, in a form that crosses a process boundary."""

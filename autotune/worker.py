@@ -377,9 +377,12 @@ def _child_baselines(spec: str, shape) -> dict[str, float | None]:
     fn = _companion(spec, "sdpa_baselines")
     if fn is None:
         return {}
+    peers = tuple(_companion(spec, "PEERS") or ())
     out: dict[str, float | None] = {}
     for name, timing in dict(fn(shape)).items():
-        key = name if str(name).startswith("sdpa_") else f"sdpa_{name}"
+        # SDPA backends get the "sdpa_" prefix; peers outside torch that the evaluator module lists in PEERS
+        # (autotune.measure: "fa4") keep their own name.
+        key = name if str(name).startswith("sdpa_") or name in peers else f"sdpa_{name}"
         if timing is None:
             out[key] = None
         elif isinstance(timing, (int, float)):

@@ -1,8 +1,10 @@
-"""`autotune bench`: check and time configs beside torch SDPA's flash, cuDNN and memory-efficient backends.
+"""`autotune bench`: check and time configs beside torch SDPA's flash, cuDNN and memory-efficient backends, and
+FlashAttention-4 where it is installed (`pip install 'autotune[peers]'`; skipped with the reason otherwise).
 
-Every config is checked against the fp32 reference before it is timed; all rows use one measurement discipline
-(autotune.timing.bench). TFLOPS = 4·B·H·Nq·Nk·D / time, halved for causal. "vs flash" and "vs cuDNN" are
-speed ratios (their time / ours): above 1 means faster than that backend.
+Every config is checked against the fp32 reference before it is timed (FlashAttention-4 against torch SDPA); all
+rows use one measurement discipline (autotune.timing.bench). TFLOPS = 4·B·H·Nq·Nk·D / time, halved for causal.
+"vs flash", "vs cuDNN", "vs FA4" and "vs best" are speed ratios (their time / ours; best: the fastest of those
+three): above 1 means faster than that kernel.
 """
 from __future__ import annotations
 
@@ -15,11 +17,13 @@ from pathlib import Path
 from .check_cmd import (USAGE_ERROR, add_shape_arguments, build_configs, gpu_arch, parse_config,
                         shape_from_args)
 
-BACKENDS = ("flash", "cudnn", "efficient")
+BACKENDS = ("flash", "cudnn", "efficient", "fa4")
+BAR = ("flash", "cudnn", "fa4")  # the peers a config has to beat: "vs best" is against the fastest of them
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="time configs beside torch SDPA backends", description=__doc__)
+    p = subparsers.add_parser("bench", help="time configs beside torch SDPA backends and FlashAttention-4",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", action="append", default=None, metavar="KEY",
                    help="config key (repeatable; default: the heuristic default)")
     add_shape_arguments(p, seqlen=4096, batch=4, heads=16)
@@ -38,12 +42,14 @@ def _fmt(x, spec: str) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    """Plain-text table of the rows (name, median ms, TFLOPS, vs flash, vs cuDNN, status)."""
+    """Plain-text table of the rows (name, median ms, TFLOPS, vs flash, vs cuDNN, vs FA4, vs best, status)."""
     width = max(len(r["name"]) for r in rows)
-    lines = [f"{'name':<{width}}  {'median ms':>10}  {'TFLOPS':>8}  {'vs flash':>8}  {'vs cuDNN':>8}  status"]
+    lines = [f"{'name':<{width}}  {'median ms':>10}  {'TFLOPS':>8}  {'vs flash':>8}  {'vs cuDNN':>8}  {'vs FA4':>8}  "
+             f"{'vs best':>8}  status"]
     for r in rows:
         lines.append(f"{r['name']:<{width}}  {_fmt(r['median_ms'], '10.4f')}  {_fmt(r['tflops'], '8.1f')}  "
-                     f"{_fmt(r['vs_flash'], '8.2f')}  {_fmt(r['vs_cudnn'], '8.2f')}  {r['status']}")
+                     f"{_fmt(r['vs_flash'], '8.2f')}  {_fmt(r['vs_cudnn'], '8.2f')}  {_fmt(r.get('vs_fa4'), '8.2f')}  "
+                     f"{_fmt(r.get('vs_best'), '8.2f')}  {r['status']}")
     return "\n".join(lines)
 
 
@@ -63,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from autotune.measure import evaluate, sdpa_baselines_with_reasons
+    from autotune.measure import PEERS, evaluate, sdpa_baselines_with_reasons
 
     timing_args = dict(layout=args.layout, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
     rows: list[dict] = []
@@ -92,21 +98,23 @@ def run(args: argparse.Namespace) -> int:
     if context_lost_by:
         baselines, reasons = {b: None for b in BACKENDS}, {b: "not run: CUDA context lost" for b in BACKENDS}
     else:
-        print("timing torch SDPA backends ...", file=sys.stderr, flush=True)
+        print("timing torch SDPA backends and FlashAttention-4 ...", file=sys.stderr, flush=True)
         baselines, reasons = sdpa_baselines_with_reasons(shape, BACKENDS, **timing_args)
     sdpa_rows = []
     for name in BACKENDS:
         t = baselines.get(name)
         sdpa_rows.append({
-            "name": f"sdpa_{name}", "kind": "sdpa", "status": "complete" if t else f"refused: {reasons.get(name)}",
+            "name": name if name in PEERS else f"sdpa_{name}", "kind": "peer" if name in PEERS else "sdpa", "status": "complete" if t else f"refused: {reasons.get(name)}",
             "median_ms": t.median_ms if t else None, "tflops": shape.tflops(t.median_ms / 1e3) if t else None,
             **({"p20_ms": t.p20_ms, "p80_ms": t.p80_ms, "min_ms": t.min_ms, "n_reps": t.n} if t else {}),
         })
     rows = sdpa_rows + rows
-    flash_ms = baselines["flash"].median_ms if baselines.get("flash") else None
-    cudnn_ms = baselines["cudnn"].median_ms if baselines.get("cudnn") else None
+    peer_ms = {name: baselines[name].median_ms for name in BAR if baselines.get(name)}
+    best_ms = min(peer_ms.values(), default=None)
     for r in rows:
-        r["vs_flash"], r["vs_cudnn"] = _ratio(r["median_ms"], flash_ms), _ratio(r["median_ms"], cudnn_ms)
+        for name in BAR:
+            r[f"vs_{name}"] = _ratio(r["median_ms"], peer_ms.get(name))
+        r["vs_best"] = _ratio(r["median_ms"], best_ms)
 
     print(f"{shape.key} (layout {args.layout}) on {torch.cuda.get_device_name()} ({arch.name})")
     print(table(rows))

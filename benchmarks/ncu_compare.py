@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Our kernel and FlashAttention-4's side by side under Nsight Compute, one shape, one ncu run.
+
+    benchmarks/ncu_compare.sh [SHAPE_KEY] OUT_DIR          # the wrapper: runs ncu over `profile`, then `table`
+    python benchmarks/ncu_compare.py profile [--shape KEY]  # the workload ncu profiles (see below)
+    python benchmarks/ncu_compare.py table RAW.csv          # ncu's raw CSV → the markdown table
+
+`profile` warms up `autotune.attention` (the config a user gets: storage, shipped table, nearest, default) and
+FlashAttention-4 outside the profiled range (first calls build, load and JIT-compile), then runs each once
+between cudaProfilerStart/Stop, so ncu (`--profile-from-start off`) sees exactly the two attention kernels.
+`table` keeps the metrics that say where the time goes: tensor-pipe (wgmma) activity, issue-slot use, the
+stall reasons per issued instruction, L2 hit rate, DRAM throughput, registers, occupancy and the launch shape.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+# (label, ncu metric) in the table's order; the stall rows are added from whatever ncu reported.
+METRICS = (
+    ("duration (us)", "gpu__time_duration.sum"),
+    ("tensor pipe (wgmma) active, % of peak", "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"),
+    ("SM throughput, % of peak", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+    ("issue slots busy, %", "sm__inst_issued.avg.pct_of_peak_sustained_active"),
+    ("warp cycles per issued instruction", "smsp__average_warp_latency_per_inst_issued.ratio"),
+    ("instructions issued (M)", "smsp__inst_executed.sum"),
+    ("L2 hit rate, %", "lts__t_sector_hit_rate.pct"),
+    ("DRAM throughput, % of peak", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+    ("DRAM bytes read (MB)", "dram__bytes_read.sum"),
+    ("registers per thread", "launch__registers_per_thread"),
+    ("threads per block", "launch__block_size"),
+    ("grid size (CTAs)", "launch__grid_size"),
+    ("dynamic smem per block (KB)", "launch__shared_mem_per_block_dynamic"),
+    ("achieved occupancy, %", "sm__warps_active.avg.pct_of_peak_sustained_active"),
+)
+STALL_PREFIX = "smsp__average_warps_issue_stalled_"
+STALL_SUFFIX = "_per_issue_active.ratio"
+METRIC_ARG = ",".join(m for _, m in METRICS) + f",regex:{STALL_PREFIX}.*{STALL_SUFFIX}"
+# The same without a regex, for an ncu that refuses one inside a list: the stall reasons ncu documents.
+STALL_REASONS = ("barrier", "branch_resolving", "dispatch_stall", "drain", "imc_miss", "lg_throttle",
+                 "long_scoreboard", "math_pipe_throttle", "membar", "mio_throttle", "misc", "no_instruction",
+                 "not_selected", "selected", "short_scoreboard", "sleeping", "tex_throttle", "wait")
+METRIC_ARG_EXPLICIT = ",".join([m for _, m in METRICS] + [f"{STALL_PREFIX}{r}{STALL_SUFFIX}" for r in STALL_REASONS])
+
+
+def profile(shape_key: str) -> None:
+    import torch
+
+    import autotune
+    from autotune.check import make_inputs
+    from flash_attn.cute import flash_attn_func
+    from peers_table import parse_shape
+
+    shape = parse_shape(shape_key)
+    q, k, v = make_inputs(shape, "bhnd", seed=1)
+    qn, kn, vn = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    print(autotune.explain(q, k, v, causal=shape.causal), file=sys.stderr)
+    with torch.no_grad():
+        for _ in range(3):  # build/load ours, JIT-compile theirs, settle clocks
+            autotune.attention(q, k, v, causal=shape.causal)
+            flash_attn_func(qn, kn, vn, causal=shape.causal)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        autotune.attention(q, k, v, causal=shape.causal)
+        flash_attn_func(qn, kn, vn, causal=shape.causal)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def table(raw_csv: Path) -> str:
+    """ncu --page raw --csv: a header row of metric names, a row of units, then one row per kernel."""
+    lines = [line for line in raw_csv.read_text().splitlines() if line.startswith('"')]
+    rows = list(csv.reader(lines))
+    if len(rows) < 3:
+        raise SystemExit(f"{raw_csv}: no kernel rows (ncu output, not a raw CSV?)")
+    header, units, kernels = rows[0], rows[1], rows[2:]
+    col = {name: i for i, name in enumerate(header)}
+    names = [k[col["Kernel Name"]] for k in kernels]
+    labels = ["ours" if "flash_fwd_" in n else "FlashAttention-4" if "lash" in n or "attn" in n.lower() else n[:30]
+              for n in names]
+    scale = {"gpu__time_duration.sum": 1e-3, "smsp__inst_executed.sum": 1e-6, "dram__bytes_read.sum": 1e-6,
+             "launch__shared_mem_per_block_dynamic": 1 / 1024}
+    out = ["| metric | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+
+    def add(label, metric):
+        if metric not in col:
+            return
+        unit = units[col[metric]]
+        factor = scale.get(metric, 1.0)
+        if metric == "gpu__time_duration.sum" and unit in ("usecond", "us"):
+            factor = 1.0
+        if metric.endswith("bytes_read.sum") and unit.lower().startswith("mbyte"):
+            factor = 1.0
+        vals = [_number(k[col[metric]]) for k in kernels]
+        out.append(f"| {label} | " + " | ".join("—" if x is None else f"{x * factor:.3g}" for x in vals) + " |")
+
+    for label, metric in METRICS:
+        add(label, metric)
+    stalls = [m for m in header if m.startswith(STALL_PREFIX) and m.endswith(STALL_SUFFIX)]
+    # Largest stall reasons first (by the larger of the two kernels), the negligible ones left out.
+    stalls.sort(key=lambda m: -max(_number(k[col[m]]) or 0 for k in kernels))
+    for m in stalls:
+        if max(_number(k[col[m]]) or 0 for k in kernels) >= 0.05:
+            add(f"stall: {m[len(STALL_PREFIX):-len(STALL_SUFFIX)]} (warps per issue)", m)
+    out.append("")
+    out += [f"- {label}: `{name[:160]}`" for label, name in zip(labels, names)]
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("profile")
+    p.add_argument("--shape", default="b4-h16-n4096-d128-fp16-full")
+    t = sub.add_parser("table")
+    t.add_argument("raw_csv", type=Path)
+    m = sub.add_parser("metrics", help="print the --metrics argument for ncu")
+    m.add_argument("--explicit", action="store_true", help="list the stall reasons instead of a regex")
+    args = ap.parse_args(argv)
+    if args.cmd == "profile":
+        profile(args.shape)
+    elif args.cmd == "table":
+        print(table(args.raw_csv))
+    else:
+        print(METRIC_ARG_EXPLICIT if args.explicit else METRIC_ARG)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""`autotune.attention` against the best kernels a user can install, all in one process, shape by shape.
+
+    python benchmarks/peers_table.py [--shape KEY ...] [--out DIR]
+
+Rows: the shapes of docs/benchmarks.md's peer table (default) or --shape keys (b4-h16-n4096-d128-fp16-full,
+...-causal, b2-h8-n4096-d256-bf16-full). Columns: ours = `autotune.attention` exactly as a user calls it (the
+config comes from the storage, else the tables shipped in studies/tuned/, else the nearest tuned shape, else
+the heuristic default; the config that ran is printed under the table), SDPA's flash (FlashAttention-2) and
+cuDNN backends, and FlashAttention-4 (flash_attn.cute; its SM90 path is the FlashAttention-3 design) where it
+imports. Each kernel runs on its own layout: ours and SDPA on (B, H, N, D), FlashAttention-4 on (B, N, H, D).
+Every output is checked against torch SDPA on the same inputs before anything is timed; every time is
+autotune.timing.bench's median (L2 flushed before each repetition, CUDA events). TFLOPS = 4·B·H·N²·D / time,
+halved for causal; "ours / best" is against the fastest peer of the row.
+
+Output: a markdown table (printed last) and OUT/peers.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from h200_sweep import DEFAULT_SHAPES  # noqa: E402
+from h200_sweep import parse_shape as parse_shape_key  # noqa: E402
+from space import Shape  # noqa: E402
+
+# h200_sweep's five, plus the two where the peers led by most on 2026-12-01 (short sequences, d256)
+SHAPES = DEFAULT_SHAPES + ("b16-h16-n512-d64-fp16-full", "b2-h8-n4096-d256-bf16-full")
+PEERS = ("sdpa_flash", "sdpa_cudnn", "fa4")
+TOLERANCE = 2e-2  # vs torch SDPA in the same 16-bit dtype (see autotune.peer_fa4.PEER_TOLERANCE)
+
+
+def parse_shape(key: str) -> Shape:
+    try:
+        return parse_shape_key(key)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--shape: {e}") from None
+
+
+def rel_error(got, want) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+def measure_shape(shape: Shape, warmup_ms: float, rep_ms: float) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import autotune
+    from autotune import peer_fa4
+    from autotune.check import make_inputs
+    from autotune.timing import bench
+
+    q, k, v = make_inputs(shape, "bhnd", seed=1)
+    row: dict = {"shape": shape.key, "tflops": {}, "notes": {}}
+    with torch.no_grad():
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal)
+        ours = lambda: autotune.attention(q, k, v, causal=shape.causal)  # noqa: E731
+        err = rel_error(ours(), want)
+        row["config"] = autotune.explain(q, k, v, causal=shape.causal).splitlines()[0]
+        if not err <= TOLERANCE:
+            row["notes"]["ours"] = f"wrong: relative error {err:.3g} vs SDPA"
+        else:
+            row["tflops"]["ours"] = shape.tflops(bench(ours, warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms / 1e3)
+        for name, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+            with sdpa_kernel(backend):
+                fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal)  # noqa: E731
+                try:
+                    err = rel_error(fn(), want)
+                except RuntimeError as e:
+                    row["notes"][name] = f"refused: {str(e).splitlines()[0]}"
+                    continue
+                if not err <= TOLERANCE:
+                    row["notes"][name] = f"wrong: relative error {err:.3g}"
+                    continue
+                row["tflops"][name] = shape.tflops(bench(fn, warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms / 1e3)
+    try:
+        row["tflops"]["fa4"] = shape.tflops(peer_fa4.fa4_timing(shape, warmup_ms, rep_ms).median_ms / 1e3)
+    except peer_fa4.PeerUnavailable as e:
+        row["notes"]["fa4"] = str(e)
+    best = max((row["tflops"][p] for p in PEERS if p in row["tflops"]), default=None)
+    row["best_peer"] = best
+    row["ours_vs_best"] = row["tflops"]["ours"] / best if best and "ours" in row["tflops"] else None
+    return row
+
+
+def markdown(rows: list[dict]) -> str:
+    def cell(row, name):
+        t = row["tflops"].get(name)
+        if t is None:
+            return "—"
+        best = row["best_peer"]
+        return f"**{t:.0f}**" if name in PEERS and best and t == best else f"{t:.0f}"
+
+    lines = ["| shape | `autotune.attention` | SDPA flash (FA2) | SDPA cuDNN | FlashAttention-4 | ours / best peer |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r['ours_vs_best']:.2f}×" if r["ours_vs_best"] else "—"
+        lines.append(f"| {r['shape']} | {cell(r, 'ours')} | {cell(r, 'sdpa_flash')} | {cell(r, 'sdpa_cudnn')} | "
+                     f"{cell(r, 'fa4')} | {ratio} |")
+    lines.append("")
+    for r in rows:
+        lines.append(f"- {r['config']}")
+        for name, note in r["notes"].items():
+            lines.append(f"  - {name}: {note}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", action="append", type=parse_shape, default=None, help="shape key (repeatable)")
+    ap.add_argument("--warmup-ms", type=float, default=25)
+    ap.add_argument("--rep-ms", type=float, default=200)
+    ap.add_argument("--out", type=Path, default=Path("peers-out"))
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("peers_table: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    shapes = args.shape or [parse_shape(k) for k in SHAPES]
+    rows = []
+    for shape in shapes:
+        t0 = time.monotonic()
+        rows.append(measure_shape(shape, args.warmup_ms, args.rep_ms))
+        print(f"{shape.key}: {({k: round(v, 1) for k, v in rows[-1]['tflops'].items()})} "
+              f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv)}
+    (args.out / "peers.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    print(f"\n{meta['gpu']}, torch {meta['torch']}, {meta['date']}\n")
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
