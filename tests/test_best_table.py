@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 
 import space
-from autotune import storage_url
-from autotune.store import SCHEMA_VERSION, TABLE, BestEntry, BestStore, StoreError
+from autotune.store import storage_url
+from autotune.store.best_table import SCHEMA_VERSION, TABLE, BestEntry, BestStore, StoreError
 
 SHAPE = space.Shape(batch=4, heads=16, seqlen_q=4096, head_dim=128)
 CONFIG = space.default_config(SHAPE.problem, space.get_arch("sm_90"))
@@ -223,11 +223,11 @@ def test_storage_url_order(monkeypatch, tmp_path):
 
 def test_default_root_is_the_checkout_when_running_from_source():
     root = storage_url.default_root()
-    assert (root / "autotune" / "storage_url.py").is_file() and (root / "studies").is_dir()
+    assert (root / "autotune" / "store" / "storage_url.py").is_file() and (root / "studies").is_dir()
 
 
 def test_default_root_falls_back_to_cwd(monkeypatch, tmp_path):
-    fake_module_dir = tmp_path / "site-packages" / "autotune"
+    fake_module_dir = tmp_path / "site-packages" / "autotune" / "store"
     fake_module_dir.mkdir(parents=True)
     monkeypatch.setattr(storage_url, "__file__", str(fake_module_dir / "storage_url.py"))
     monkeypatch.chdir(tmp_path)

@@ -107,7 +107,7 @@ def default_kernels_dir() -> Path:
     `autotune._kernels`."""
     import importlib.resources
 
-    repo_kernels = Path(__file__).resolve().parent.parent / "kernels"
+    repo_kernels = Path(__file__).resolve().parents[2] / "kernels"
     if (repo_kernels / "common").is_dir() and (repo_kernels.parent / "pyproject.toml").is_file():
         return repo_kernels
     try:
@@ -440,5 +440,25 @@ def _error_text(log: str, limit: int = 40) -> str:
     return "\n".join(chosen[:limit])
 
 
-__all__ = ["BuildError", "BuildReport", "BuildResult", "Builder", "default_cache_dir", "default_kernels_dir",
-           "define_flags", "family_sources", "sources_digest"]
+def provenance(builder, families) -> dict:
+    """Study/store provenance of the kernels being built: the digest of the sources these families compile
+    from (sources_digest), and the compiler."""
+    out = {}
+    if getattr(builder, "kernels_dir", None) is not None and hasattr(builder, "sources_digest"):
+        out["kernel_source_hash"] = builder.sources_digest(families)
+    version = getattr(builder, "nvcc_version", None)
+    if version:
+        out["nvcc_version"] = version
+    return out
+
+
+def cubin_key(cubin_hash: str | None, config: Config, problem) -> tuple | None:
+    """Identical bytes launched with identical geometry measure the same: time them once."""
+    if not cubin_hash:
+        return None
+    lay = space.layout(config, problem)
+    return cubin_hash, lay.threads, lay.smem_static, lay.smem_dynamic, lay.rows_per_block
+
+
+__all__ = ["BuildError", "BuildReport", "BuildResult", "Builder", "cubin_key",
+           "default_cache_dir", "default_kernels_dir", "define_flags", "family_sources", "provenance", "sources_digest"]

@@ -23,6 +23,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import nvcc
+
 # Matrix-multiply opcodes (the first dot-separated part): mma.sync (HMMA/IMMA), wgmma (HGMMA/IGMMA/QGMMA),
 # tcgen05 on sm_100 (UTC*MMA).
 MMA_OPCODES = frozenset({"HMMA", "IMMA", "DMMA", "HGMMA", "IGMMA", "QGMMA", "BGMMA", "UTCHMMA", "UTCQMMA", "UTCIMMA",
@@ -119,9 +121,7 @@ def find_nvdisasm() -> Path:
     if shutil.which("nvdisasm"):
         candidates.append(("PATH", Path(shutil.which("nvdisasm"))))
     try:
-        from .nvcc import find_nvcc
-
-        candidates.append(("next to nvcc", find_nvcc().parent / "nvdisasm"))
+        candidates.append(("next to nvcc", nvcc.find_nvcc().parent / "nvdisasm"))
     except Exception:  # noqa: BLE001  (no nvcc: the wheel may still be there)
         pass
     candidates += [("the nvidia-cuda-nvdisasm wheel", c) for c in _wheel_candidates()]

@@ -1,7 +1,7 @@
 """`autotune bench`: check and time configs beside torch SDPA's flash, cuDNN and memory-efficient backends.
 
 Every config is checked against the fp32 reference before it is timed; all rows use one measurement discipline
-(autotune.timing.bench). TFLOPS = 4·B·H·Nq·Nk·D / time, halved for causal. "vs flash" and "vs cuDNN" are
+(autotune.measure.timing.bench). TFLOPS = 4·B·H·Nq·Nk·D / time, halved for causal. "vs flash" and "vs cuDNN" are
 speed ratios (their time / ours): above 1 means faster than that backend.
 """
 from __future__ import annotations
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from autotune.measure import evaluate, sdpa_baselines_with_reasons
+    from autotune.measure.evaluate import evaluate, sdpa_baselines_with_reasons
 
     timing_args = dict(layout=args.layout, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
     rows: list[dict] = []

@@ -31,6 +31,8 @@ from typing import Any, Iterable
 import space
 from space import Arch, Config, Shape
 
+from ..store.storage_url import default_root, gpu_slug
+
 FORMAT, VERSION = "autotune-landscape", 1
 ROW_STATUSES = ("complete", "spilled", "compile_error", "wrong", "crashed", "timeout")
 HEADER_REQUIRED = ("shape", "gpu_name", "arch", "date", "kernel_source_hash", "nvcc_version", "families", "n_valid")
@@ -305,9 +307,6 @@ def short_reason(reason: str | None) -> str | None:
 
 def default_path(shape: Shape, gpu_name: str, families: Iterable[str], root: Path | None = None) -> Path:
     """studies/landscapes/<gpu>-<shape key>-<families>.json under the checkout (or the cwd)."""
-    from .storage_url import default_root
-    from .studies import gpu_slug
-
     name = f"{gpu_slug(gpu_name)}-{shape.key}-{'+'.join(families)}.json"
     return (root or default_root()) / "studies" / "landscapes" / name
 

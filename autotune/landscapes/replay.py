@@ -16,10 +16,10 @@ from typing import Any, Sequence
 import space
 from space import Config, Problem, Shape
 
-from .build import BuildResult
-from .landscape import BUILD_FIELDS, Landscape, Row
-from .ptxas import BuildReport
-from .worker import EvalOutcome
+from ..build.builder import BuildResult
+from .landscape_file import BUILD_FIELDS, Landscape, Row
+from ..build.ptxas import BuildReport
+from ..measure.evaluator import EvalOutcome
 
 
 class ReplayError(ValueError):

@@ -26,11 +26,14 @@ from typing import Callable
 import space
 from space import Arch, Config, Shape
 
-from . import landscape as landscape_mod
-from .landscape import Landscape, Row
-from .trial import SpillPolicy
+from ..build.builder import Builder, cubin_key, provenance
+from ..build.spill_policy import SpillPolicy
+from ..measure.evaluator import Evaluator
+from . import landscape_file as landscape_mod
+from .landscape_file import Landscape, Row
+from .sweep_eval import MEASUREMENT
 
-SWEEP_EVALUATOR = "autotune.sweep_eval:evaluate"
+SWEEP_EVALUATOR = "autotune.landscapes.sweep_eval:evaluate"
 # An evaluation takes ~0.1-0.3 s of GPU time (worker start-up is not counted): a kernel still running after 10 s
 # hangs, and each one costs this plus a worker restart out of the sweep's budget.
 DEFAULT_EVAL_TIMEOUT = 10.0
@@ -148,17 +151,11 @@ def run_sweeps(options: SweepOptions, *, builder=None, evaluator=None,
     started = time.monotonic()
     own_evaluator = evaluator is None and not options.build_only
     if own_evaluator:
-        from .worker import Evaluator
-
         evaluator = Evaluator(options.evaluator, timeout=options.eval_timeout)
     try:
         gpu_name, arch = _device(options, evaluator)
         if builder is None:
-            from .build import Builder
-
             builder = Builder(arch, cache_dir=options.cache_dir, jobs=options.jobs, extra_flags=options.nvcc_flags)
-        from .winner import provenance
-
         families = _families(options.families, arch)
         prov = provenance(builder, families)
         work = [_prepare(shape, options, arch, families, gpu_name, prov, log) for shape in options.shapes]
@@ -185,7 +182,7 @@ def _device(options: SweepOptions, evaluator) -> tuple[str, Arch]:
     if not device and not options.arch:
         raise ValueError("--arch: the evaluator did not report the GPU's arch; pass --arch (e.g. sm_90)")
     arch = space.get_arch(options.arch or device)
-    # The search's rule (search._choose_arch), not imported so a sweep does not depend on the search module:
+    # The search's rule (search.loop.choose_arch), not imported: a sweep sits below the search;
     # a cubin runs on its own major version with the same or a newer minor, nowhere else.
     if device and options.arch:
         dev = space.get_arch(device)
@@ -213,8 +210,6 @@ def _prepare(shape: Shape, options: SweepOptions, arch: Arch, families, gpu_name
     configs = configs[:options.limit] if options.limit else configs
     if options.build_only:
         return _ShapeWork(shape, configs, {c.key for c in configs}, None, None)
-    from .sweep_eval import MEASUREMENT
-
     measurement = MEASUREMENT if options.evaluator == SWEEP_EVALUATOR else {"evaluator": options.evaluator}
     header = landscape_mod.make_header(
         shape, arch, families, gpu_name=gpu_name, kernel_source_hash=prov.get("kernel_source_hash", "unknown"),
@@ -276,8 +271,6 @@ class _Health:
 
 def _sweep_shape(w: _ShapeWork, stream: _BuildStream, evaluator, options: SweepOptions, cap: float | None,
                  health: _Health, log) -> ShapeResult:
-    from . import studies
-
     t0 = time.monotonic()
     result = w.outcome or ShapeResult(w.shape, None, None, len(w.configs))
     ls = w.landscape
@@ -287,7 +280,7 @@ def _sweep_shape(w: _ShapeWork, stream: _BuildStream, evaluator, options: SweepO
     timed: dict = {}  # cubin key → the row that timed it: identical cubins are timed once
     if ls is not None:
         for row in ls.rows.values():
-            key = studies.cubin_key(row.cubin_hash, row.config, w.shape.problem)
+            key = cubin_key(row.cubin_hash, row.config, w.shape.problem)
             if key and row.status not in ("spilled", "compile_error") and not row.same_cubin_as:
                 timed.setdefault(key, row)
     cap_text = f", {cap:.0f} s to measure" if cap else ""
@@ -305,7 +298,7 @@ def _sweep_shape(w: _ShapeWork, stream: _BuildStream, evaluator, options: SweepO
             continue
         row = _row_from_build(build, options.spill_policy)
         if row is None:
-            key = studies.cubin_key(build.cubin_hash, build.config, build.problem)
+            key = cubin_key(build.cubin_hash, build.config, build.problem)
             twin = timed.get(key) if key else None
             if twin is not None:
                 row = dataclasses.replace(twin, config_key=build.config.key, same_cubin_as=twin.config_key,
@@ -380,7 +373,7 @@ def _row_from_build(build, policy: SpillPolicy) -> Row | None:
 
 
 def _row_from_eval(build, ev) -> Row:
-    """ev: a worker.EvalOutcome; the lean evaluator adds p20/p80/n_reps in `extra`."""
+    """ev: a evaluator.EvalOutcome; the lean evaluator adds p20/p80/n_reps in `extra`."""
     extra = ev.extra or {}
     row = Row(build.config.key, ev.status, max_error=ev.max_error, blocks_per_sm=ev.blocks_per_sm,
               **_report_fields(build))

@@ -3,16 +3,16 @@
 A sweep measures every valid config of a shape (hundreds), so each evaluation must cost a fraction of a second
 of GPU time. Compared with measure.evaluate (the search's, ~0.3-1 s per config):
 
-* correctness: autotune.check on a small problem with the same compile-time Problem (batch 1, at most 2 KV
+* correctness: autotune.measure.check on a small problem with the same compile-time Problem (batch 1, at most 2 KV
   heads, seqlen ≤ CHECK_SEQLEN and not a multiple of any tile, so the tail masking is exercised), plus the full
   shape when its fp32 reference is cheap (B·H·Nq·Nk ≤ FULL_CHECK_MAX_SCORES). Kernels are compiled for the
   Problem, not the shape, so a config that is right on the small problem differs on the full one only through
   grid size and sequence length — which the search's own full-shape check covers for the configs it keeps.
-* timing: autotune.timing.bench as everywhere (warm-up, L2 flush before each rep, CUDA events, median and
+* timing: autotune.measure.timing.bench as everywhere (warm-up, L2 flush before each rep, CUDA events, median and
   p20/p80), with WARMUP_MS / REP_MS instead of 25 / 100 ms; the spread (p80 - p20) is recorded per row so a
   reader sees how much each figure can be trusted. Inputs are allocated once per shape and reused.
 
-Returns an autotune.worker.EvalOutcome whose `extra` carries p20_ms, p80_ms and n_reps for the landscape.
+Returns an autotune.measure.evaluator.EvalOutcome whose `extra` carries p20_ms, p80_ms and n_reps for the landscape.
 """
 from __future__ import annotations
 
@@ -20,16 +20,21 @@ import zlib
 
 from space import Shape
 
+from ..launch import loader
+from ..measure import check, timing
+from ..measure import evaluate as measure
+from ..measure.evaluator import EvalOutcome
+
 WARMUP_MS = 10.0
 REP_MS = 40.0
 CHECK_SEQLEN = 1000            # not a multiple of 64/80/96/112/128/176/192: partial tiles get checked
 FULL_CHECK_MAX_SCORES = 1 << 26  # the reference's fp32 score matrix B·H·Nq·Nk ≤ 256 MiB: check the full shape too
 
 MEASUREMENT = {
-    "evaluator": "autotune.sweep_eval:evaluate",
-    "check": f"autotune.check (fp32 reference, NaN/sentinel-poisoned output, guard zones) on batch 1, ≤ 2 KV "
+    "evaluator": "autotune.landscapes.sweep_eval:evaluate",
+    "check": f"autotune.measure.check (fp32 reference, NaN/sentinel-poisoned output, guard zones) on batch 1, ≤ 2 KV "
              f"heads, seqlen ≤ {CHECK_SEQLEN}; plus the full shape when B·H·Nq·Nk ≤ {FULL_CHECK_MAX_SCORES}",
-    "timing": "autotune.timing.bench: warm-up, L2 flushed before every rep, CUDA events per rep; median and "
+    "timing": "autotune.measure.timing.bench: warm-up, L2 flushed before every rep, CUDA events per rep; median and "
               "p20/p80 of the reps",
     "warmup_ms": WARMUP_MS,
     "rep_ms": REP_MS,
@@ -56,42 +61,33 @@ _inputs: dict = {}
 def _timing_inputs(shape: Shape):
     """q, k, v, o for timing, allocated once per shape (one shape at a time is kept)."""
     if shape not in _inputs:
-        from .check import empty_output, make_inputs
-
         _inputs.clear()
-        q, k, v = make_inputs(shape, "bhnd", seed=1)
-        _inputs[shape] = (q, k, v, empty_output(shape, "bhnd"))
+        q, k, v = check.make_inputs(shape, "bhnd", seed=1)
+        _inputs[shape] = (q, k, v, check.empty_output(shape, "bhnd"))
     return _inputs[shape]
 
 
 def evaluate(build, shape: Shape):
-    from .check import check
-    from .loader import as_runner
-    from .timing import bench
-    from .worker import EvalOutcome
-
     key = build.config.key
     blocks = None
     try:
-        runner = as_runner(build)
+        runner = loader.as_runner(build)
         lay = runner.layout
         kernel = runner.kernel()
         blocks = kernel.blocks_per_sm(lay.threads, lay.smem_dynamic)
         max_error = 0.0
         seed = zlib.crc32(key.encode())  # reproducible, and different inputs for different configs
         for s in check_shapes(shape):
-            result = check(runner, s, seed=seed)
+            result = check.check(runner, s, seed=seed)
             max_error = max(max_error, result.max_error)
             if not result.ok:
                 return EvalOutcome("wrong", f"{s.key}: {result.message}", max_error=result.max_error,
                                    blocks_per_sm=blocks)
         q, k, v, o = _timing_inputs(shape)
-        t = bench(runner.prepare(q, k, v, o), warmup_ms=WARMUP_MS, rep_ms=REP_MS)
+        t = timing.bench(runner.prepare(q, k, v, o), warmup_ms=WARMUP_MS, rep_ms=REP_MS)
         return EvalOutcome("complete", "", shape.tflops(t.median_ms / 1e3), t.median_ms, t.p80_ms - t.p20_ms,
                            max_error, blocks, extra={"p20_ms": t.p20_ms, "p80_ms": t.p80_ms, "n_reps": t.n})
     except Exception as e:  # a bad kernel is a result, not an exception
-        from . import measure
-
         _inputs.clear()
         return EvalOutcome("crashed", f"{type(e).__name__}: {e}", blocks_per_sm=blocks,
                            context_lost=not measure.context_alive())
@@ -104,9 +100,8 @@ def warmup() -> None:
 
     import torch
 
-    for name in ("check", "loader", "timing", "tma"):  # what evaluate() and the kernels' launches import
-        importlib.import_module(f"autotune.{name}")
-    from . import loader
+    for name in ("measure.check", "launch.loader", "measure.timing", "launch.tma"):  # what evaluate() and the
+        importlib.import_module(f"autotune.{name}")                                 # kernels' launches import
 
     torch.cuda.init()
     torch.empty(1, device="cuda")
@@ -115,9 +110,7 @@ def warmup() -> None:
 
 def sdpa_baselines(shape: Shape):
     """torch SDPA's flash, cuDNN and memory-efficient backends, timed the same lean way (None when refused)."""
-    from .measure import sdpa_baselines as measure_baselines
-
-    return measure_baselines(shape, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
+    return measure.sdpa_baselines(shape, warmup_ms=WARMUP_MS, rep_ms=REP_MS)
 
 
 __all__ = ["CHECK_SEQLEN", "FULL_CHECK_MAX_SCORES", "MEASUREMENT", "REP_MS", "WARMUP_MS", "check_shapes",

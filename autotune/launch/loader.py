@@ -5,7 +5,7 @@ CUDA context, so everything here runs in the device's *primary* context, the one
 Every driver call is checked; a failure raises CudaError naming the call and the CUresult.
 
 Note that a kernel that faults leaves the context unusable (every later call fails): callers that try untrusted
-configs run them in a child process (autotune.worker).
+configs run them in a child process (autotune.measure.evaluator).
 """
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from typing import Sequence
 
 import space
 
+from . import tma
 from .libcuda import driver, error_name, launch_kernel_fn
-from .launch_params import FlashFwdParams, InputShape, make_params
+from .params import FlashFwdParams, InputShape, make_params
 
 MAX_GRID_YZ = 65535
 MAX_GRID_X = 2**31 - 1
@@ -159,7 +160,7 @@ class Kernel:
         pointers = (ctypes.c_void_p * len(args))(*[_address(a) for a in args])
         gx, gy, gz = grid
         bx, by, bz = block
-        # libcuda directly (autotune/libcuda.py says why): this is the per-call hot path.
+        # libcuda directly (autotune/launch/libcuda.py says why): this is the per-call hot path.
         code = launch_kernel_fn()(self._handle, gx, gy, gz, bx, by, bz, smem_dynamic,
                                   _stream_handle(stream, self.device), pointers, None)
         if code:
@@ -231,7 +232,7 @@ class Launch:
 
 class KernelRunner:
     """Runs one build (config + problem + cubin) on torch tensors, with the launch geometry from space.layout
-    and, after the parameter block, the family's extra arguments (autotune.tma.launch_extra_args)."""
+    and, after the parameter block, the family's extra arguments (tma.launch_extra_args)."""
 
     def __init__(self, build):
         if not getattr(build, "ok", True):
@@ -258,12 +259,10 @@ class KernelRunner:
 
     def prepare(self, q, k, v, o, lse=None, scale: float | None = None) -> Launch:
         """Validate and fill the parameter block once; the returned Launch can be called many times (timing)."""
-        from .tma import launch_extra_args  # () for families that take only the parameter block
-
         params = make_params(q, k, v, o, lse, scale, problem=self.problem)
         shape = InputShape(params.batch, params.heads, params.kv_heads, params.seqlen_q, params.seqlen_k,
                            self.problem.head_dim, self.problem.dtype)
-        extra = tuple(launch_extra_args(self.config, q, k, v))
+        extra = tuple(tma.launch_extra_args(self.config, q, k, v))  # () for parameter-block-only families
         return Launch(self.kernel(q.device.index), params, self.grid(shape), (self.layout.threads, 1, 1),
                       self.layout.smem_dynamic, (q, k, v, o, lse), extra)
 

@@ -89,7 +89,7 @@ class TensorMapBuffer:
 class TensorMapEncoder:
     """Tensor maps for one geometry (shape, strides, dtype, box): between calls only the base address changes.
 
-    The argument arrays are built once, the encode goes straight to libcuda (autotune/libcuda.py says why),
+    The argument arrays are built once, the encode goes straight to libcuda (autotune/launch/libcuda.py says why),
     and the last MAX_CACHED maps are kept by address, since a map depends on nothing else: a loop over the same
     buffers (or an allocator handing the same blocks back) encodes nothing after the first call.
     """

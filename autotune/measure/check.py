@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 
 from space import Shape
 
-from .loader import KernelRunner, as_runner
+from ..launch.loader import KernelRunner, as_runner
 from .reference import reference_attention
 
 LAYOUTS = ("bhnd", "bnhd")

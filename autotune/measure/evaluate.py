@@ -3,7 +3,7 @@
 `evaluate` runs in the calling process and never raises for a bad kernel: it returns an Evaluation whose status
 is 'complete', 'wrong' or 'crashed'. A kernel that faults leaves this process's CUDA context unusable
 (`Evaluation.context_lost`), so anything that tries many configs calls it in a child process through
-autotune.worker (which adds the status 'timeout' for a kernel that hangs).
+autotune.measure.evaluator (which adds the status 'timeout' for a kernel that hangs).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from space import Shape
 
 from .check import check, empty_output, make_inputs
-from .loader import as_runner
+from ..launch.loader import as_runner
 from .timing import Timing, bench
 
 STATUSES = ("complete", "wrong", "crashed", "timeout")  # 'timeout' is given by the caller that isolates us
@@ -27,7 +27,7 @@ class Evaluation:
     config_key: str
     shape_key: str
     reason: str = ""
-    # correctness (autotune.check.CheckResult)
+    # correctness (autotune.measure.check.CheckResult)
     max_error: float | None = None
     torch_error: float | None = None
     tolerance: float | None = None
@@ -38,7 +38,7 @@ class Evaluation:
     lse_error: float | None = None
     check_message: str = ""
     check_seed: int | None = None
-    # timing (autotune.timing.Timing) and throughput
+    # timing (autotune.measure.timing.Timing) and throughput
     median_ms: float | None = None
     p20_ms: float | None = None
     p80_ms: float | None = None

@@ -8,7 +8,7 @@ Two layers:
   starts a fresh one. Spawn, not fork: the child must not inherit a parent's CUDA state, and a fresh
   interpreter is what a clean retry needs.
 * `Evaluator` — the search's view: `evaluate(build, shape)`, `baselines(shape)`, `device_info()`, backed by
-  one Worker. The evaluation function is a dotted path (default `autotune.measure:evaluate`) resolved *in the
+  one Worker. The evaluation function is a dotted path (default `autotune.measure.evaluate:evaluate`) resolved *in the
   child*, so tests inject a double that runs there too and can crash or hang on purpose. Companions are
   looked up in the same module: `sdpa_baselines(shape)`, `device_info()` and `warmup()` (all optional; the
   defaults below use torch.cuda).
@@ -30,7 +30,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-DEFAULT_EVALUATOR = "autotune.measure:evaluate"
+from .interrupts import exit_with_parent
+
+DEFAULT_EVALUATOR = "autotune.measure.evaluate:evaluate"
 DEFAULT_START_TIMEOUT = 600.0  # importing torch and creating a CUDA context on a busy box can take a while
 
 EVAL_STATUSES = ("complete", "wrong", "crashed", "timeout")
@@ -75,8 +77,6 @@ class CallResult:
 
 
 def _child_main(conn, warmup: tuple[str, tuple] | None, parent: int | None = None) -> None:
-    from .interrupts import exit_with_parent
-
     # Ctrl-C is the parent's to handle: it fails the trial as 'interrupted' and stops us. Left to ourselves, we
     # would die first and the parent could read that as a crash of the kernel being timed.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -416,14 +416,14 @@ class Evaluator:
             raise ValueError(f"evaluator: expected 'module:function', got {spec!r}")
         self.spec = spec
         self.timeout = timeout
-        self.worker = Worker(warmup=("autotune.worker:_child_warmup", (spec,)), start_timeout=start_timeout)
+        self.worker = Worker(warmup=("autotune.measure.evaluator:_child_warmup", (spec,)), start_timeout=start_timeout)
 
     def start(self) -> None:
         self.worker.start()
 
     def submit(self, build, shape) -> None:
         """Start evaluating `build` on `shape` in the child; take the outcome with wait()."""
-        self.worker.submit("autotune.worker:_child_evaluate", self.spec, build, shape, timeout=self.timeout)
+        self.worker.submit("autotune.measure.evaluator:_child_evaluate", self.spec, build, shape, timeout=self.timeout)
 
     def wait(self, block_for: float | None = None) -> EvalOutcome | None:
         """The submitted evaluation's outcome, or None while it still runs after block_for seconds."""
@@ -449,13 +449,14 @@ class Evaluator:
 
     def baselines(self, shape) -> dict[str, float | None]:
         """SDPA backends' TFLOPS measured in this same worker process ({} when the evaluator has none)."""
-        result = self.worker.call("autotune.worker:_child_baselines", self.spec, shape, timeout=self.timeout * 4)
+        result = self.worker.call("autotune.measure.evaluator:_child_baselines", self.spec, shape,
+                                  timeout=self.timeout * 4)
         if result.ok:
             return result.value
         raise RuntimeError(f"SDPA baselines failed ({result.status}): {_last_line(result.reason)}")
 
     def device_info(self) -> dict[str, Any]:
-        result = self.worker.call("autotune.worker:_child_device_info", self.spec, timeout=self.timeout)
+        result = self.worker.call("autotune.measure.evaluator:_child_device_info", self.spec, timeout=self.timeout)
         if result.ok:
             return result.value
         raise EvaluatorError(f"device query failed in the evaluation worker ({result.status}): "

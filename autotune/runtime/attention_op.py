@@ -30,8 +30,9 @@ import torch
 
 from space import HEAD_DIMS, Shape
 
-from . import runtime
-from .launch_params import ALIGN_BYTES, FlashFwdParams, InputShape, dtype_name, validate_inputs
+from . import lookup as runtime
+from ..launch import tma
+from ..launch.params import ALIGN_BYTES, FlashFwdParams, InputShape, dtype_name, validate_inputs
 
 OP_NAME = "autotune::flash_attention_fwd"
 
@@ -132,9 +133,7 @@ class _Launcher:
 
 def _extra_args_function():
     """The loader's source of per-call kernel arguments after the parameter block (tma.launch_extra_args)."""
-    from .tma import launch_extra_args
-
-    return launch_extra_args
+    return tma.launch_extra_args
 
 
 _launchers: dict[tuple, _Launcher] = {}

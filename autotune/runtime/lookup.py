@@ -2,7 +2,7 @@
 
 Lookup order for `select_config(shape, gpu_name, arch)`, first hit wins:
 
-  1. storage    the user's best-per-shape table (autotune/store.py) behind the storage URL, resolved like
+  1. storage    the user's best-per-shape table (autotune/store/best_table.py) behind the storage URL, resolved like
                 `autotune search` does (argument → $AUTOTUNE_STORAGE → studies/autotune.db): the exact key.
   2. shipped    the tuned tables shipped in studies/tuned/*.json (the `autotune export` format): the exact key.
   3. nearest    the closest tuned shape, from both of the above, on the same GPU name, arch, dtype, head_dim
@@ -41,7 +41,9 @@ from typing import Any
 import space
 from space import Arch, Config, Problem, Shape
 
-from . import storage_url
+from ..build.builder import Builder
+from ..store import storage_url
+from ..store.nearest import distance
 
 SOURCES = ("storage", "shipped", "nearest", "heuristic")
 TIE_EPSILON = 1e-9
@@ -94,7 +96,7 @@ def storage_key(storage: str | None = None) -> str:
 class Candidate:
     """One tuned row and where it came from: origin 'storage' or 'shipped', `where` the URL or file."""
 
-    entry: Any  # store.BestEntry
+    entry: Any  # best_table.BestEntry
     origin: str
     where: str
 
@@ -113,7 +115,7 @@ def shipped_tables_dir() -> Path | None:
 
 
 def _find_tables_dir() -> Path | None:
-    checkout = Path(__file__).resolve().parent.parent / "studies" / "tuned"
+    checkout = Path(__file__).resolve().parents[2] / "studies" / "tuned"
     if checkout.is_dir():
         return checkout
     try:
@@ -135,7 +137,7 @@ def shipped_candidates(tables_dir: Path | None) -> tuple[Candidate, ...]:
         cached = _shipped.get(tables_dir)
         if cached is not None:
             return cached
-        from .store import StoreError, read_export
+        from ..store.best_table import StoreError, read_export  # sqlalchemy: only when a table is read
 
         out: list[Candidate] = []
         for path in sorted(tables_dir.glob("*.json")):
@@ -167,7 +169,7 @@ def _read_storage(url: str, gpu_name: str, arch: Arch, problem: Problem) -> tupl
     path = storage_url.sqlite_path(url)
     if path is not None and not path.expanduser().is_file():
         return ()
-    from .store import BestStore
+    from ..store.best_table import BestStore  # sqlalchemy: only when a storage is read
 
     where = storage_url.describe(url)
     try:
@@ -194,7 +196,7 @@ class Selection:
     shape: Shape
     gpu_name: str
     arch: str
-    row: Any = None          # store.BestEntry
+    row: Any = None          # best_table.BestEntry
     origin: str | None = None  # storage URL (described) or shipped file the row came from
     distance: float | None = None
     notes: tuple[str, ...] = field(default=())
@@ -227,14 +229,6 @@ class Selection:
         lines += [f"  searched: {w}" for w in self.searched]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
-
-
-def distance(a: Shape, b: Shape) -> float:
-    """The nearest-neighbour metric of the module docstring (log2 seqlen, log2 batch·heads)."""
-    dq = math.log2(a.seqlen_q) - math.log2(b.seqlen_q)
-    dk = math.log2(a.seqlen_k) - math.log2(b.seqlen_k)
-    dbh = math.log2(a.batch * a.heads) - math.log2(b.batch * b.heads)
-    return math.sqrt(0.5 * dq * dq + 0.5 * dk * dk + dbh * dbh)
 
 
 def _gqa_gap(a: Shape, b: Shape) -> float:
@@ -395,7 +389,7 @@ def device_info(device: int) -> tuple[str, Arch]:
     if info is None:
         import torch
 
-        from .gpu_arch import detect_arch
+        from ..launch.gpu_arch import detect_arch  # the device path: cuda-python with torch
 
         info = _devices[device] = (torch.cuda.get_device_name(device), detect_arch(device))
     return info
@@ -406,8 +400,6 @@ def builder(arch: Arch):
     with _lock:
         b = _builders.get(arch.name)
         if b is None:
-            from .build import Builder
-
             b = _builders[arch.name] = Builder(arch, jobs=1)
         return b
 
@@ -452,7 +444,7 @@ def resolve(device: int, shape: Shape, storage: str | None = None) -> Plan:
         if not result.ok:
             raise RuntimeError(f"autotune: the default kernel {selection.config.key} for {shape.problem.key} on "
                                f"{arch.name} failed to build: {result.error}")
-        from .loader import KernelRunner
+        from ..launch.loader import KernelRunner  # the device path: libcuda, loaded on first launch
 
         runner = KernelRunner(result)
         plan = _plans[key] = Plan(selection, runner, runner.kernel(device))

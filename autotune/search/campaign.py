@@ -36,6 +36,11 @@ from typing import Any, Callable
 
 from space import Config, Shape
 
+from ..build.spill_policy import SpillPolicy
+from ..store import storage_url
+from . import loop as search_mod
+from . import study as studies
+
 SHAPE_KEYS = {"seqlen": "seqlen_q", "seqlen_k": "seqlen_k", "batch": "batch", "heads": "heads",
               "kv_heads": "kv_heads", "head_dim": "head_dim", "dtype": "dtype", "causal": "causal"}
 DEFAULT_WARM_START = 4
@@ -50,7 +55,6 @@ def _configs(value) -> tuple[Config, ...]:
 
 
 def _spill(value):
-    from .trial import SpillPolicy
 
     return SpillPolicy.parse(str(value))
 
@@ -187,9 +191,8 @@ class Row:
 
 def run(plans: list, *, log: Callable[[str], None] = print, search=None) -> list[Row]:
     """Search each shape in turn (search: search.run_search, injectable for tests). A shape that fails is
-    reported and the campaign goes on; Ctrl-C stops it (search.SearchInterrupted propagates, with the rows so
+    reported and the campaign goes on; Ctrl-C stops it (SearchInterrupted propagates, with the rows so
     far on its `rows` attribute)."""
-    from . import search as search_mod, studies
 
     search = search or search_mod.run_search
     rows: list[Row] = []
@@ -216,7 +219,6 @@ def run(plans: list, *, log: Callable[[str], None] = print, search=None) -> list
 def _study(opts, result):
     import optuna
 
-    from . import storage_url
 
     return optuna.load_study(study_name=result.study_name, storage=storage_url.resolve_storage_url(opts.storage))
 

@@ -36,7 +36,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable
 
-from . import studies, trial as trial_mod
+from ..store.claims import Claims
+
+from . import study as studies
+from . import verdicts as trial_mod
 
 DEFAULT_HEARTBEAT = 10   # seconds between heartbeats (Optuna takes an integer)
 DEFAULT_GRACE = 60       # seconds without one before a trial counts as dead: long enough for a busy host's GIL
@@ -211,7 +214,6 @@ class Shared:
     shared = True
 
     def __init__(self, rdb, url: str, log: Callable[[str], None] = print):
-        from .claims import Claims
 
         self.rdb, self.log = rdb, log
         on_stale = getattr(rdb, "heartbeat_stale_trial_callback", None) or getattr(rdb, "failed_trial_callback", None)

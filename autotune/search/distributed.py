@@ -1,15 +1,18 @@
 """`autotune search --workers N`: N worker processes on one study, spread over this host's GPUs.
 
-    launcher (the `autotune search` process; this module)
-      │  refuses SQLite; opens or creates the study and queues its first configs (so workers do not race to);
-      │  creates the claims table; spawns N workers (multiprocessing, spawn), worker i pinned to
-      │  CUDA_VISIBLE_DEVICES = GPU i mod #GPUs
-      ├── worker 0 ─┐  each runs the search's trial loop (search._run with a WorkerRole): ask → claim → build →
-      ├── worker 1  │  evaluate → tell, with heartbeats and stale-trial retry (peers.py); the budget (--trials)
-      └── ...      ─┘  is the study's, so they stop together
-      │  forwards their lines ("[w1] ..."), collects their summaries
-      └  re-times the study's top configs in one session and stores the winner (search._finale), as a single
+    launcher (the `autotune search` process; loop.run_search with --workers N)
+      │  refuses SQLite (refuse_sqlite); opens or creates the study and queues its first configs (so workers do
+      │  not race to); creates the claims table; spawns N workers (run_workers: multiprocessing, spawn), worker i
+      │  pinned to CUDA_VISIBLE_DEVICES = GPU i mod #GPUs
+      ├── worker 0 ─┐  each runs the search's trial loop (loop.run_worker with a WorkerRole): ask → claim
+      ├── worker 1  │  → build → evaluate → tell, with heartbeats and stale-trial retry (coordination.py);
+      └── ...      ─┘  the budget (--trials) is the study's, so they stop together
+      │  forwards their lines ("[w1] ..."), collects their summaries (merge)
+      └  re-times the study's top configs in one session and stores the winner (loop.finale), as a single
          search does
+
+This module is the plumbing (processes, GPUs, locks, summaries); what a worker runs is passed in
+(`run_workers(target, ...)`), so it never imports the loop.
 
 Several hosts: run the same command with the same `--storage postgresql://...` on each. The study, the claims
 and the heartbeats live in that database, so the workers of all hosts share one budget and never time a config
@@ -20,13 +23,12 @@ Their builds overlap, but their evaluations on one GPU take turns through a lock
 released by the kernel if a worker dies): two kernels timed at once on one GPU would both be timed wrong.
 
 Ctrl-C: the terminal sends SIGINT to every process of the group; each worker fails its in-flight trials as
-'interrupted' (search.py) and reports; the launcher waits for them, prints the summary and exits 130 without
+'interrupted' (loop.py) and reports; the launcher waits for them, prints the summary and exits 130 without
 re-timing. A SIGINT sent to the launcher alone is forwarded to the workers. A launcher killed with SIGKILL takes
 its workers down with SIGINT (interrupts.exit_with_parent), so nothing runs on unsupervised.
 """
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import multiprocessing
 import multiprocessing.connection
@@ -42,7 +44,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from . import interrupts, peers, storage_url, studies
+import optuna
+from optuna.trial import TrialState
+
+from ..measure import interrupts
+from ..store import storage_url
+from . import coordination
+from .options import SearchInterrupted, SearchResult
+from .study import StudyMemory, status_counts
 
 LOCK_DIR_ENV = "AUTOTUNE_LOCK_DIR"   # where the per-GPU lock files live (default: the system temp dir)
 WORKER_ENV = "AUTOTUNE_WORKER"       # set in each worker (and its evaluation child) to its index
@@ -56,7 +65,7 @@ def refuse_sqlite(url: str, workers: int) -> None:
     """SQLite is one process's storage: several writers queue on its single file lock ('database is locked'
     under load), and a file on a network share has no reliable locking between hosts at all. Rather than a
     search that fails an hour in, say so up front and point at the server storage that does work."""
-    if not peers.is_shared(url):
+    if not coordination.is_shared(url):
         raise SqliteWorkersError(
             f"--workers {workers}: the storage is SQLite ({storage_url.describe(url)}), which serves one process. "
             "Use a PostgreSQL server for several workers, e.g. --storage postgresql://USER@HOST/autotune "
@@ -110,7 +119,7 @@ class GpuLock:
 
 @dataclass
 class WorkerRole:
-    """What makes a search process one worker among several (search._run reads it)."""
+    """What makes a search process one worker among several (loop.run_worker and loop.run_trials read it)."""
 
     index: int
     device: str | None = None
@@ -123,9 +132,7 @@ class WorkerRole:
 
 # -- the worker process -------------------------------------------------------------------------------------
 
-def _worker_main(conn, options, index: int, device: str | None, parent: int) -> None:
-    from . import search
-
+def _worker_main(conn, target, options, index: int, device: str | None, parent: int) -> None:
     interrupts.exit_with_parent(signal.SIGINT, parent)
     if device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = device  # inherited by the evaluation child, before any CUDA init
@@ -141,9 +148,9 @@ def _worker_main(conn, options, index: int, device: str | None, parent: int) -> 
     kind, payload = "done", None
     try:
         with interrupts.deferred_interrupts():
-            result = search._run(options, log=log, worker=role)
+            result = target(options, role, log)
         payload = _summary(result, device)
-    except search.SearchInterrupted as e:
+    except SearchInterrupted as e:
         kind, payload = "interrupted", _summary(e.result, device)
     except BaseException as e:  # noqa: BLE001  (reported to the launcher, which decides)
         kind, payload = "error", (_picklable(e), traceback.format_exc())
@@ -171,60 +178,17 @@ def _summary(result, device: str | None) -> dict:
 
 # -- the launcher ---------------------------------------------------------------------------------------------
 
-def run_workers(options, *, evaluator=None, log: Callable[[str], None] = print, store=None):
-    """Run `options.workers` worker processes on the study, then the finale; returns a search.SearchResult,
-    or raises search.SearchInterrupted (Ctrl-C; the result inside) or the workers' common error."""
-    from . import search
-
-    started = time.monotonic()
-    url = storage_url.prepare(storage_url.resolve_storage_url(options.storage))
-    refuse_sqlite(url, options.workers)
-    own_evaluator = evaluator is None
-    session = search._open_session(options, url, evaluator=evaluator, log=log)
-    try:
-        session.evaluator.close()  # its GPU context is not needed until the finale: free GPU 0 for a worker
-        search._queue_first(session, studies.StudyMemory.load(session.study, options.shape.problem), options, store,
-                            log)
-        from .claims import Claims
-
-        Claims(url).close()  # create the table once, before the workers race to
-        devices = assign(options.workers, visible_devices(options.gpus, session.device_count))
-        per_host = max(1, (os.cpu_count() or 1) // options.workers)
-        worker_options = dataclasses.replace(options, workers=1, jobs=options.jobs or per_host,
-                                             study_name=session.name)
-        log(f"study {session.name}: {options.workers} workers on GPU(s) {', '.join(sorted(set(devices)))}, "
-            f"{worker_options.jobs} nvcc job(s) each; storage {storage_url.describe(url)}")
-        summaries, died, interrupted = _supervise(worker_options, devices, log)
-        if died and not interrupted:
-            _sweep_stale(session, options, log)
-
-        result = _merge(session, options, summaries, died, interrupted)
-        result.wall_seconds = time.monotonic() - started
-        if interrupted:
-            raise search.SearchInterrupted(result)
-        errors = [payload for kind, payload in summaries.values() if kind == "error"]
-        if errors and len(errors) == len(devices):  # every worker failed: nothing ran, say why
-            exc, text = errors[0]
-            raise exc if exc is not None else RuntimeError(f"every worker failed; the first said:\n{text}")
-        search._finale(result, session.study, session.builder, session.evaluator, options, session.provenance,
-                       store or url, log)
-        result.wall_seconds = time.monotonic() - started
-        return result
-    finally:
-        if own_evaluator:
-            session.evaluator.close()
-
-
-def _supervise(options, devices: list[str], log) -> tuple[dict, list[str], bool]:
-    """Start the workers, forward their lines until they all end; returns ({index: (kind, payload)}, notes on
-    workers that died without reporting, whether Ctrl-C was pressed)."""
+def run_workers(target: Callable, options, devices: list[str], log) -> tuple[dict, list[str], bool]:
+    """Start one worker process per entry of `devices`, each running `target(options, WorkerRole, log)` (a
+    module-level function: spawn pickles it by name), and forward their lines until they all end; returns
+    ({index: (kind, payload)}, notes on workers that died without reporting, whether Ctrl-C was pressed)."""
     ctx = multiprocessing.get_context("spawn")
     procs, conns = [], {}
     for index, device in enumerate(devices):
         # One pipe per worker, not a shared Queue: a worker killed while holding a Queue's lock would block
         # every other worker's writes.
         receive, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_worker_main, args=(send, options, index, device, os.getpid()),
+        p = ctx.Process(target=_worker_main, args=(send, target, options, index, device, os.getpid()),
                         name=f"autotune-worker-{index}")
         p.start()
         send.close()
@@ -277,27 +241,23 @@ def _exit_text(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def _sweep_stale(session, options, log) -> None:
+def sweep_stale(study, options, log) -> None:
     """A worker of ours died: stay until its trials are found stale (grace period), so that they are failed and
     re-queued now rather than by whichever run comes next."""
-    import optuna
-    from optuna.trial import TrialState
-
     deadline = time.monotonic() + options.grace + 2 * options.heartbeat + 1
     while time.monotonic() < deadline:
         with interrupts.critical():
-            optuna.storages.fail_stale_trials(session.study)
-        if not session.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            optuna.storages.fail_stale_trials(study)
+        if not study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             return
         time.sleep(1.0)
     log("note: trials still running elsewhere after the grace period (other hosts' workers, presumably)")
 
 
-def _merge(session, options, summaries: dict, died: list[str], interrupted: bool):
-    """One SearchResult for the whole launcher: the study's figures, the workers' sums."""
-    from . import search
-
-    memory = studies.StudyMemory.load(session.study, options.shape.problem)
+def merge(session, options, summaries: dict, died: list[str], interrupted: bool) -> SearchResult:
+    """One SearchResult for the whole launcher (`session`: its loop.Session): the study's figures, the workers'
+    sums."""
+    memory = StudyMemory.load(session.study, options.shape.problem)
     this_run: Counter = Counter()
     lines, reasons = [], []
     totals = dict.fromkeys(("idle_seconds", "idle_other_seconds", "build_seconds", "eval_seconds"), 0.0)
@@ -325,12 +285,12 @@ def _merge(session, options, summaries: dict, died: list[str], interrupted: bool
         target = f"reached {options.trials} evaluated trials"
         stop = target if memory.evaluated >= options.trials else (Counter(reasons).most_common(1)[0][0]
                                                                     if reasons else "no worker finished")
-    return search.SearchResult(
+    return SearchResult(
         study_name=session.name, storage=storage_url.describe(session.url), gpu_name=session.gpu_name,
         arch=session.arch, shape=options.shape, target=options.trials, evaluated=memory.evaluated,
-        this_run=this_run, counts=studies.status_counts(session.study), asks=asks, stop_reason=stop,
+        this_run=this_run, counts=status_counts(session.study), asks=asks, stop_reason=stop,
         first_eval_after=min(firsts) if firsts else None, interrupted=interrupted, workers=lines, **totals)
 
 
-__all__ = ["GpuLock", "LOCK_DIR_ENV", "SqliteWorkersError", "WORKER_ENV", "WorkerRole", "assign", "refuse_sqlite",
-           "run_workers", "visible_devices"]
+__all__ = ["GpuLock", "LOCK_DIR_ENV", "SqliteWorkersError", "WORKER_ENV", "WorkerRole", "assign", "merge",
+           "refuse_sqlite", "run_workers", "sweep_stale", "visible_devices"]

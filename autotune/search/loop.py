@@ -1,22 +1,33 @@
-"""`autotune search` as a library call: an Optuna study over the kernel's design space for one shape.
+"""The search, top to bottom: open the study → queue the first configs → ask / build / evaluate / tell →
+re-time the top configs and store the winner. `run_search` reads in that order.
 
-The pipeline (scheduler.Pipeline; ask/tell in batches, the three stages overlap):
+The trial loop (TrialLoop, driven by pipeline.Pipeline; ask/tell in batches, the three stages overlap):
 
     ask a batch of K new valid configs   (invalid ones are told PRUNED/invalid on the spot, never built;
                                           configs the study already judged reuse that result)
-    build the batch in the background    (Builder: parallel nvcc, cached)
+    build the batch in the background    (the builder: parallel nvcc, cached)
     judge each built config              (compile error, spill policy, identical cubin → no GPU needed;
-                                          else evaluate in the child process, worker.Evaluator)
-    → trial.tell (status, user attrs, constraint)
+                                          else the evaluator, in its child process)
+    → verdicts.tell (status, user attrs, constraint)
 
 `trials` counts configs actually built in the study (every status but invalid), so a mostly invalid space does
 not eat the budget; `max_asks` bounds the asking so it cannot loop forever. At the end the top configs are
 re-timed in one evaluator session next to the SDPA baselines, and the winner goes to the best-per-shape store.
 
-Collaborators are injected (builder, evaluator) so tests run the real Builder with a test-double evaluator.
+Runs differ only in what is plugged in:
+
+    one process     the Builder (nvcc) and the Evaluator (measure/evaluator.py); the trials run here
+    --workers N     the same, but the trials run in N worker processes (distributed.run_workers), each of them
+                    `run_worker`: open the study, then the same trial loop; the launcher queues and re-times
+    --replay FILE   ReplayBuilder and ReplayEvaluator answer from a recorded landscape (landscapes/replay.py),
+                    the study lives in memory and nothing is stored (NullStore)
+
+Tests plug in the real Builder with a test-double evaluator the same way (run_search's keyword arguments).
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -25,112 +36,285 @@ from typing import Callable
 import space
 from space import Arch, Config, Shape
 
-from . import interrupts, peers, studies, trial as trial_mod, winner
+from ..build.builder import Builder, cubin_key, provenance
+from ..build.spill_policy import SpillPolicy
+from ..landscapes import landscape_file
+from ..landscapes.replay import NullStore, ReplayBuilder, ReplayEvaluator
+from ..measure import interrupts
+from ..measure.evaluator import Evaluator
+from ..store import storage_url
+from ..store.best_table import BestStore
+from ..store.claims import Claims
+from . import coordination as peers
+from . import distributed
+from . import retime as winner
+from . import study as studies
+from . import verdicts as trial_mod
+from . import warm_start
+from .options import (ASKS_PER_TRIAL, DEFAULT_EVAL_TIMEOUT, DEFAULT_TRIALS, TOP_N, WAIT_SECONDS, SearchInterrupted,
+                      SearchOptions, SearchResult)
+from .pipeline import Pipeline
+from .progress import ProgressPrinter
 from .sampling import SearchSpace, make_sampler
-from .scheduler import Pipeline
-from .summary import ProgressPrinter
-from .trial import Outcome, SpillPolicy
-from .worker import DEFAULT_EVALUATOR, Evaluator
+from .verdicts import Outcome
 
-DEFAULT_TRIALS = 60          # ≈ 15-20 minutes on one H200 with 16 build cores; TPE settles after ~40
-DEFAULT_EVAL_TIMEOUT = 120.0  # seconds per evaluation (correctness check + timing), worker start excluded
-ASKS_PER_TRIAL = 30           # the ask cap: 30 asks per wanted trial (d128 has ~1 valid config in 13) + 200
-TOP_N = 5
-WAIT_SECONDS = 0.5            # shared storages: how often a worker with nothing to do looks at the others again
 
+# -- the search, top to bottom ---------------------------------------------------------------------------------
+
+def run_search(options: SearchOptions, *, builder=None, evaluator=None, log: Callable[[str], None] = print,
+               store=None) -> SearchResult:
+    """Run (or resume) the study described by `options`; returns what happened. See the module docstring.
+
+    Ctrl-C raises SearchInterrupted (a KeyboardInterrupt) carrying the result so far, after failing the trials
+    in flight. `options.workers > 1` runs that many worker processes on the study (distributed.py)."""
+    options.check()
+    studies.quiet_optuna()
+    if options.replay is not None:
+        options, builder, evaluator, store = plug_replay(options, builder, evaluator, store)
+    if options.workers > 1:
+        return _search(options, builder, evaluator, store, log, trials=_trials_in_workers)
+    with interrupts.deferred_interrupts():
+        return _search(options, builder, evaluator, store, log, trials=_trials_here)
+
+
+def _search(options: SearchOptions, builder, evaluator, store, log: Callable[[str], None], trials) -> SearchResult:
+    """Open the study, run its trials (`trials`: here, or in worker processes; each queues the first configs
+    where it must), then re-time the top configs next to the baselines and store the winner."""
+    started = time.monotonic()
+    url = storage_url.prepare(storage_url.resolve_storage_url(options.storage))
+    if options.workers > 1:
+        distributed.refuse_sqlite(url, options.workers)
+    session = open_session(options, url, builder=builder, evaluator=evaluator, log=log)
+    try:
+        result = trials(session, options, store, log)
+        result.wall_seconds = time.monotonic() - started
+        if result.interrupted:
+            raise SearchInterrupted(result)
+        finale(result, session, options, store or url, log)
+        result.wall_seconds = time.monotonic() - started
+        return result
+    finally:
+        if session.own_evaluator:
+            session.evaluator.close()
+
+
+def _trials_here(session: "Session", options: SearchOptions, store, log: Callable[[str], None]) -> SearchResult:
+    """One process: the trial loop here, after queuing the first configs."""
+    return run_trials(session, options, log, queue=lambda memory: queue_first(session, memory, options, store, log))
+
+
+def _trials_in_workers(session: "Session", options: SearchOptions, store, log: Callable[[str], None]) -> SearchResult:
+    """--workers N: queue the first configs (so that workers do not race to), then N worker processes run the
+    trial loop (`run_worker`) on the study until its budget is met; their figures merged into one result."""
+    session.evaluator.close()  # its GPU context is not needed until the finale: free GPU 0 for a worker
+    queue_first(session, studies.StudyMemory.load(session.study, options.shape.problem), options, store, log)
+    Claims(session.url).close()  # create the table once, before the workers race to
+    devices = distributed.assign(options.workers, distributed.visible_devices(options.gpus, session.device_count))
+    per_host = max(1, (os.cpu_count() or 1) // options.workers)
+    worker_options = dataclasses.replace(options, workers=1, jobs=options.jobs or per_host, study_name=session.name)
+    log(f"study {session.name}: {options.workers} workers on GPU(s) {', '.join(sorted(set(devices)))}, "
+        f"{worker_options.jobs} nvcc job(s) each; storage {storage_url.describe(session.url)}")
+    summaries, died, interrupted = distributed.run_workers(run_worker, worker_options, devices, log)
+    if died and not interrupted:
+        distributed.sweep_stale(session.study, options, log)
+    result = distributed.merge(session, options, summaries, died, interrupted)
+    errors = [payload for kind, payload in summaries.values() if kind == "error"]
+    if not interrupted and errors and len(errors) == len(devices):  # every worker failed: nothing ran, say why
+        exc, text = errors[0]
+        raise exc if exc is not None else RuntimeError(f"every worker failed; the first said:\n{text}")
+    return result
+
+
+def run_worker(options: SearchOptions, role: distributed.WorkerRole, log: Callable[[str], None]) -> SearchResult:
+    """One of the --workers processes (distributed.run_workers starts it): open the study the launcher created
+    and queued, run the trial loop until the study's budget is met; the launcher re-times and stores."""
+    started = time.monotonic()
+    studies.quiet_optuna()  # again: a worker is a fresh process
+    builder = evaluator = None
+    if options.replay is not None:
+        options, builder, evaluator, _ = plug_replay(options, None, None, None)
+    url = storage_url.prepare(storage_url.resolve_storage_url(options.storage))
+    session = open_session(options, url, builder=builder, evaluator=evaluator, log=log, worker=role)
+    try:
+        result = run_trials(session, options, log, worker=role)
+        result.wall_seconds = time.monotonic() - started
+        if result.interrupted:
+            raise SearchInterrupted(result)
+        return result
+    finally:
+        if session.own_evaluator:
+            session.evaluator.close()
+
+
+# -- opening the study -----------------------------------------------------------------------------------------
 
 @dataclass
-class SearchOptions:
-    shape: Shape
-    trials: int = DEFAULT_TRIALS
-    timeout: float | None = None           # wall seconds for the trial loop (the finale comes on top)
-    sampler: str = "tpe"
-    seed: int | None = 0
-    storage: str | None = None
-    study_name: str | None = None
-    arch: str | None = None                # default: the evaluator's GPU
-    families: tuple[str, ...] | None = None
-    spill_policy: SpillPolicy = field(default_factory=SpillPolicy)
-    jobs: int | None = None                # parallel nvcc processes (default: CPU count)
-    ahead: int | None = None               # configs per batch (default: jobs, at least 2)
-    eval_timeout: float = DEFAULT_EVAL_TIMEOUT
-    evaluator: str = DEFAULT_EVALUATOR
-    cache_dir: str | None = None
-    retime_top: int = 3
-    enqueue: tuple[Config, ...] = ()       # configs to try first (the heuristic default always is)
-    max_asks: int | None = None
-    nvcc_flags: tuple[str, ...] = ()       # extra nvcc flags (experiments, tests); part of the build cache key
-    workers: int = 1                       # worker processes on this host (workers.py); > 1 needs a server storage
-    gpus: tuple[str, ...] | None = None    # CUDA_VISIBLE_DEVICES values for the workers (default: every visible GPU)
-    heartbeat: int = peers.DEFAULT_HEARTBEAT  # shared storages: seconds between heartbeats of the trials in flight
-    grace: int = peers.DEFAULT_GRACE       # shared storages: seconds without a heartbeat before a trial is dead
-    warm_start: int = 0                    # a fresh study first tries up to N best configs of tuned neighbour shapes
-    replay: object = None                  # a landscape file (or landscape.Landscape): no nvcc, no GPU, see replay.py
+class Session:
+    """What every search process sets up before it asks (a single search, a worker, the --workers launcher)."""
 
-    def check(self) -> None:
-        if self.trials < 0:
-            raise ValueError(f"--trials: expected a count ≥ 0, got {self.trials}")
-        if self.timeout is not None and self.timeout <= 0:
-            raise ValueError(f"--timeout: expected seconds > 0, got {self.timeout}")
-        if self.jobs is not None and self.jobs < 1:
-            raise ValueError(f"--jobs: expected a count ≥ 1, got {self.jobs}")
-        if self.ahead is not None and self.ahead < 1:
-            raise ValueError(f"--ahead: expected a count ≥ 1, got {self.ahead}")
-        if self.eval_timeout <= 0:
-            raise ValueError(f"--eval-timeout: expected seconds > 0, got {self.eval_timeout}")
-        if self.retime_top < 1:
-            raise ValueError(f"retime_top: expected a count ≥ 1, got {self.retime_top}")
-        if self.max_asks is not None and self.max_asks < 1:
-            raise ValueError(f"max_asks: expected a count ≥ 1, got {self.max_asks}")
-        if self.workers < 1:
-            raise ValueError(f"--workers: expected a count ≥ 1, got {self.workers}")
-        if self.heartbeat < 1 or self.grace <= self.heartbeat:
-            raise ValueError(f"--heartbeat {self.heartbeat} / --grace {self.grace}: expected whole seconds with "
-                             "1 ≤ heartbeat < grace (a grace of 3-6 heartbeats rides out a busy host)")
-        if self.warm_start < 0:
-            raise ValueError(f"--warm-start: expected a count ≥ 0, got {self.warm_start}")
-
-
-@dataclass
-class SearchResult:
-    study_name: str
-    storage: str
+    url: str
+    evaluator: object
+    own_evaluator: bool
     gpu_name: str
     arch: Arch
-    shape: Shape
-    target: int
-    evaluated: int                          # distinct configs built in the study, after this run
-    this_run: Counter                       # statuses of trials told in this run
-    counts: Counter                         # statuses of every finished trial of the study
-    asks: int
-    stop_reason: str
-    top: list = field(default_factory=list)  # FrozenTrials, best first (up to 5)
-    retimed: list = field(default_factory=list)
-    record: object | None = None            # store.RecordResult
-    baselines: dict = field(default_factory=dict)
-    idle_seconds: float = 0.0               # GPU idle while the compiler had its next work
-    idle_other_seconds: float = 0.0         # GPU idle otherwise (asking, telling, worker start)
-    first_eval_after: float | None = None   # seconds until the first evaluation started
-    build_seconds: float = 0.0
-    eval_seconds: float = 0.0
-    wall_seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-    interrupted: bool = False               # Ctrl-C: in-flight trials failed, no re-timing, nothing stored
-    workers: list[str] = field(default_factory=list)  # --workers: one line per worker process
-
-    @property
-    def best(self):
-        return winner.pick(self.retimed)
+    device_count: int | None
+    builder: object
+    provenance: dict
+    search_space: SearchSpace
+    name: str
+    storage: object  # optuna RDBStorage (coordination.make_storage)
+    study: object
 
 
-class SearchInterrupted(KeyboardInterrupt):
-    """Ctrl-C ended the search cleanly: the trials in flight are failed as 'interrupted', the storage is
-    consistent, and `result` holds the summary so far (nothing was re-timed or stored). Still a
-    KeyboardInterrupt, so a library caller that does not look for it stops as it would on any Ctrl-C."""
+def open_session(options: SearchOptions, url: str, *, builder=None, evaluator=None, log=print,
+                 worker=None) -> Session:
+    """The evaluator's device, the arch, the builder, and the study (created or loaded, attrs checked)."""
+    own_evaluator = evaluator is None
+    evaluator = evaluator or Evaluator(options.evaluator, timeout=options.eval_timeout)
+    try:
+        info = evaluator.device_info()
+        gpu_name = str(info.get("gpu_name") or "unknown-gpu")
+        arch = choose_arch(options.arch, info.get("arch"))
+        if builder is None:
+            builder = Builder(arch, cache_dir=options.cache_dir, jobs=options.jobs, extra_flags=options.nvcc_flags)
+        search_space = SearchSpace(options.shape.problem, arch, options.families)
+        prov = provenance(builder, search_space.families)
+        name = options.study_name or studies.default_study_name(gpu_name, options.shape, options.families)
+        if options.replay is not None and not options.study_name:
+            name = f"replay-{name}"  # never the name of the real study recorded on that GPU
+        seed = options.seed
+        storage = peers.make_storage(url, options.heartbeat, options.grace)
+        study = studies.open_study(name, storage, make_sampler(options.sampler, seed), options.shape, arch, gpu_name,
+                                   prov, log=log)
+        if seed is not None and (study.trials or worker is not None):
+            # A resumed run must not replay the first run's random draws (they would all be duplicates), nor
+            # may workers started together draw the same sequence.
+            offset = len(study.trials) + (7919 * worker.index if worker is not None else 0)
+            study.sampler = make_sampler(options.sampler, seed + offset)
+    except BaseException:
+        if own_evaluator:
+            evaluator.close()
+        raise
+    count = info.get("device_count")
+    return Session(url, evaluator, own_evaluator, gpu_name, arch, count if isinstance(count, int) else None, builder,
+                   prov, search_space, name, storage, study)
 
-    def __init__(self, result: "SearchResult"):
-        super().__init__(result.stop_reason)
-        self.result = result
+
+def queue_first(session: Session, memory, options: SearchOptions, store, log) -> None:
+    """A fresh study's first trials: the best configs of tuned neighbour shapes (--warm-start), the heuristic
+    default of each family, then --enqueue."""
+    warm: list[Config] = []
+    if options.warm_start and not session.study.trials:
+        warm = warm_start.neighbour_configs(store or session.url, session.storage, options.shape, session.gpu_name,
+                                           session.arch, options.warm_start, log=log)
+    enqueue_first(session.study, session.search_space, memory, options, session.arch, warm)
+
+
+def enqueue_first(study, search_space: SearchSpace, memory, options: SearchOptions, arch: Arch,
+             warm: list[Config] = ()) -> None:
+    """A fresh study starts with `warm` (neighbours' best configs), the heuristic default of each family (a
+    known-good baseline for the sampler) and any configs the caller asked for; configs the study already judged
+    are not queued again."""
+    wanted = list(options.enqueue)
+    if not study.trials:
+        for family in search_space.families:
+            try:
+                wanted.insert(0, space.default_config(options.shape.problem, arch, family))
+            except (KeyError, ValueError):
+                pass
+    wanted = list(warm) + wanted
+    seen = set(memory.by_config)
+    for config in wanted:
+        if config.key in seen:
+            continue
+        seen.add(config.key)
+        try:
+            study.enqueue_trial(search_space.params(config), skip_if_exists=True)
+        except ValueError:
+            pass  # outside the searched domain (so certainly invalid): nothing to learn from queuing it
+
+
+# -- the trial loop --------------------------------------------------------------------------------------------
+
+def run_trials(session: Session, options: SearchOptions, log: Callable[[str], None], *, queue=None,
+               worker: distributed.WorkerRole | None = None) -> SearchResult:
+    """The trial loop of one process on an open study: ask / build / evaluate / tell until the budget (the
+    study's: every process's trials count), --timeout or Ctrl-C. `queue(memory)` queues the first configs once
+    this process has joined the study; `worker` makes it one of several (its GPU lock, no queuing)."""
+    study, builder, evaluator = session.study, session.builder, session.evaluator
+    coordination = peers.for_storage(session.storage, session.url, log)
+    try:
+        memory = studies.StudyMemory.load(study, options.shape.problem)
+        coordination.start(study, memory, session.search_space)
+        if queue is not None:
+            queue(memory)
+
+        target = options.trials
+        remaining = max(0, target - memory.evaluated)
+        max_asks = options.max_asks or ASKS_PER_TRIAL * remaining + 200
+        # --timeout bounds the trial loop, from here: worker start-up and study loading are not trials
+        deadline = time.monotonic() + options.timeout if options.timeout else None
+        progress = ProgressPrinter(target, log=log, best=studies.top_trials(study, 1))
+        loop = TrialLoop(study, session.search_space, builder, evaluator, options.shape, options.spill_policy,
+                         memory, progress, target, max_asks, deadline, coordination, worker.lock if worker else None)
+        batch_size = options.ahead or max(2, getattr(builder, "jobs", 2))
+        log(f"study {session.name}: {memory.evaluated} of {target} trials already evaluated; batches of "
+            f"{batch_size}; storage {storage_url.describe(session.url)}")
+        stop_reason, pipeline, interrupted = _run_pipeline(loop, options, batch_size)
+
+        result = SearchResult(
+            study_name=session.name, storage=storage_url.describe(session.url), gpu_name=session.gpu_name,
+            arch=session.arch, shape=options.shape, target=target, evaluated=memory.evaluated,
+            this_run=loop.this_run, counts=studies.status_counts(study), asks=loop.asks, stop_reason=stop_reason,
+            top=[], idle_seconds=pipeline.idle_for_builds, idle_other_seconds=pipeline.idle_other,
+            first_eval_after=pipeline.first_eval_after, build_seconds=pipeline.build_seconds,
+            eval_seconds=loop.eval_seconds, interrupted=interrupted,
+        )
+        if interrupted:
+            result.top = studies.top_trials(study, TOP_N)
+        return result
+    finally:
+        coordination.close()
+
+
+def _run_pipeline(loop: TrialLoop, options: SearchOptions, batch_size: int) -> tuple[str, Pipeline, bool]:
+    """Run the ask → build → evaluate pipeline; returns (why it stopped, the Pipeline with its timings,
+    whether Ctrl-C stopped it)."""
+    pipeline = Pipeline(loop, batch_size)
+    try:
+        leftovers = pipeline.run()
+    except KeyboardInterrupt:
+        n = abandon_through_interrupts(loop, "interrupted (Ctrl-C) before it was evaluated")
+        return (f"interrupted (Ctrl-C): {n} trial(s) in flight marked failed; run the same command again to "
+                "resume", pipeline, True)
+    except BaseException:
+        loop.abandon("interrupted before it was evaluated")
+        raise
+    if leftovers or loop.in_flight:  # only when should_stop() cut the run short, i.e. --timeout
+        loop.abandon("cancelled: the search stopped (--timeout) before it was evaluated")
+    if loop.memory.evaluated >= loop.target:
+        reason = f"reached {loop.target} evaluated trials"
+    elif not loop.time_left():
+        reason = f"--timeout {options.timeout:g} s reached"
+    elif loop.exhausted:
+        reason = "the sampler has explored the whole space"
+    else:
+        reason = (f"stopped after {loop.asks} asks without enough new valid configs (the valid space may be "
+                  "exhausted, or the sampler keeps proposing invalid or repeated ones)")
+    return reason, pipeline, False
+
+
+def abandon_through_interrupts(loop: TrialLoop, reason: str) -> int:
+    """loop.abandon(reason), finished even when another Ctrl-C lands before it starts (a launcher forwards
+    SIGINT to workers that the terminal signalled too); abandon itself runs as one critical section."""
+    before = loop.this_run["cancelled"]
+    while True:
+        try:
+            loop.abandon(reason)
+            return loop.this_run["cancelled"] - before
+        except KeyboardInterrupt:
+            if not loop.in_flight:  # raised as abandon's critical section ended: the work is done
+                return loop.this_run["cancelled"] - before
 
 
 @dataclass
@@ -142,8 +326,8 @@ class _Pending:
     followers: list = field(default_factory=list)  # later asks of the same config: told when this one is
 
 
-class _Loop:
-    """The search's stages for scheduler.Pipeline: Optuna asks and tells, builds, evaluations."""
+class TrialLoop:
+    """The search's stages for pipeline.Pipeline: Optuna asks and tells, builds, evaluations."""
 
     def __init__(self, study, search_space: SearchSpace, builder, evaluator, shape: Shape, policy: SpillPolicy,
                  memory: studies.StudyMemory, progress: ProgressPrinter, target: int, max_asks: int,
@@ -158,8 +342,8 @@ class _Loop:
         self.this_run: Counter = Counter()
         self.eval_seconds = 0.0
         self._eval_started = 0.0
-        # The other processes on this study (peers.Solo for SQLite: nobody), and this GPU's evaluation turn
-        # when several workers share it (workers.GpuLock).
+        # The other processes on this study (coordination.Solo for SQLite: nobody), and this GPU's evaluation
+        # turn when several workers share it (distributed.GpuLock).
         self.peers = coordination or peers.Solo(None)
         self.gpu_lock = gpu_lock
 
@@ -219,7 +403,7 @@ class _Loop:
     def judge_built(self, pending: _Pending, build) -> bool:
         verdict = trial_mod.after_build(build, self.policy)
         if verdict is None:
-            key = studies.cubin_key(build.cubin_hash, pending.config, self.problem)
+            key = cubin_key(build.cubin_hash, pending.config, self.problem)
             twin = self.memory.by_cubin.get(key) if key else None
             if twin is None:
                 return False  # evaluate it
@@ -297,149 +481,13 @@ class _Loop:
         self.progress.told(t.number, config, outcome, self.memory.evaluated)
 
 
-def run_search(options: SearchOptions, *, builder=None, evaluator=None, log: Callable[[str], None] = print,
-               store=None) -> SearchResult:
-    """Run (or resume) the study described by `options`; returns what happened. See the module docstring.
+# -- re-timing and storing -------------------------------------------------------------------------------------
 
-    Ctrl-C raises SearchInterrupted (a KeyboardInterrupt) carrying the result so far, after failing the trials
-    in flight. `options.workers > 1` runs that many worker processes on the study (workers.py)."""
-    options.check()
-    studies.quiet_optuna()
-    if options.replay is not None:
-        options, builder, evaluator, store = _replay(options, builder, evaluator, store)
-    if options.workers > 1:
-        from .workers import run_workers
-
-        return run_workers(options, evaluator=evaluator, log=log, store=store)
-    with interrupts.deferred_interrupts():
-        return _run(options, builder=builder, evaluator=evaluator, log=log, store=store)
-
-
-@dataclass
-class _Session:
-    """What every search process sets up before it asks (a single search, a worker, the --workers launcher)."""
-
-    url: str
-    evaluator: object
-    own_evaluator: bool
-    gpu_name: str
-    arch: Arch
-    device_count: int | None
-    builder: object
-    provenance: dict
-    search_space: SearchSpace
-    name: str
-    storage: object  # optuna RDBStorage (peers.make_storage)
-    study: object
-
-
-def _open_session(options: SearchOptions, url: str, *, builder=None, evaluator=None, log=print,
-                  worker=None) -> _Session:
-    """The evaluator's device, the arch, the builder, and the study (created or loaded, attrs checked)."""
-    own_evaluator = evaluator is None
-    evaluator = evaluator or Evaluator(options.evaluator, timeout=options.eval_timeout)
-    try:
-        info = evaluator.device_info()
-        gpu_name = str(info.get("gpu_name") or "unknown-gpu")
-        arch = _choose_arch(options.arch, info.get("arch"))
-        if builder is None:
-            from .build import Builder
-
-            builder = Builder(arch, cache_dir=options.cache_dir, jobs=options.jobs, extra_flags=options.nvcc_flags)
-        search_space = SearchSpace(options.shape.problem, arch, options.families)
-        provenance = winner.provenance(builder, search_space.families)
-        name = options.study_name or studies.default_study_name(gpu_name, options.shape, options.families)
-        if options.replay is not None and not options.study_name:
-            name = f"replay-{name}"  # never the name of the real study recorded on that GPU
-        seed = options.seed
-        storage = peers.make_storage(url, options.heartbeat, options.grace)
-        study = studies.open_study(name, storage, make_sampler(options.sampler, seed), options.shape, arch, gpu_name,
-                                   provenance, log=log)
-        if seed is not None and (study.trials or worker is not None):
-            # A resumed run must not replay the first run's random draws (they would all be duplicates), nor
-            # may workers started together draw the same sequence.
-            offset = len(study.trials) + (7919 * worker.index if worker is not None else 0)
-            study.sampler = make_sampler(options.sampler, seed + offset)
-    except BaseException:
-        if own_evaluator:
-            evaluator.close()
-        raise
-    count = info.get("device_count")
-    return _Session(url, evaluator, own_evaluator, gpu_name, arch, count if isinstance(count, int) else None, builder,
-                    provenance, search_space, name, storage, study)
-
-
-def _run(options: SearchOptions, *, builder=None, evaluator=None, log: Callable[[str], None] = print, store=None,
-         worker=None) -> SearchResult:
-    """One search process: a single search (worker None: queues the first configs, ends with the finale) or
-    one of several workers (workers.WorkerRole: the launcher queues and re-times)."""
-    from . import storage_url
-
-    started = time.monotonic()
-    studies.quiet_optuna()  # again: a worker is a fresh process
-    url = storage_url.prepare(storage_url.resolve_storage_url(options.storage))
-    session = _open_session(options, url, builder=builder, evaluator=evaluator, log=log, worker=worker)
-    study, builder, evaluator, arch = session.study, session.builder, session.evaluator, session.arch
-    coordination = peers.for_storage(session.storage, url, log)
-    try:
-        memory = studies.StudyMemory.load(study, options.shape.problem)
-        coordination.start(study, memory, session.search_space)
-        if worker is None:
-            _queue_first(session, memory, options, store, log)
-
-        target = options.trials
-        remaining = max(0, target - memory.evaluated)
-        max_asks = options.max_asks or ASKS_PER_TRIAL * remaining + 200
-        # --timeout bounds the trial loop, from here: worker start-up and study loading are not trials
-        deadline = time.monotonic() + options.timeout if options.timeout else None
-        progress = ProgressPrinter(target, log=log, best=studies.top_trials(study, 1))
-        loop = _Loop(study, session.search_space, builder, evaluator, options.shape, options.spill_policy, memory,
-                     progress, target, max_asks, deadline, coordination, worker.lock if worker else None)
-        batch_size = options.ahead or max(2, getattr(builder, "jobs", 2))
-        log(f"study {session.name}: {memory.evaluated} of {target} trials already evaluated; batches of "
-            f"{batch_size}; storage {storage_url.describe(url)}")
-        stop_reason, pipeline, interrupted = _run_pipeline(loop, options, batch_size)
-
-        result = SearchResult(
-            study_name=session.name, storage=storage_url.describe(url), gpu_name=session.gpu_name, arch=arch,
-            shape=options.shape, target=target, evaluated=memory.evaluated, this_run=loop.this_run,
-            counts=studies.status_counts(study), asks=loop.asks, stop_reason=stop_reason, top=[],
-            idle_seconds=pipeline.idle_for_builds, idle_other_seconds=pipeline.idle_other,
-            first_eval_after=pipeline.first_eval_after, build_seconds=pipeline.build_seconds,
-            eval_seconds=loop.eval_seconds, interrupted=interrupted,
-        )
-        if interrupted:
-            result.top = studies.top_trials(study, TOP_N)
-            result.wall_seconds = time.monotonic() - started
-            raise SearchInterrupted(result)
-        if worker is None:
-            _finale(result, study, builder, evaluator, options, session.provenance, store or url, log)
-        result.wall_seconds = time.monotonic() - started
-        return result
-    finally:
-        coordination.close()
-        if session.own_evaluator:
-            evaluator.close()
-
-
-def _queue_first(session: _Session, memory, options: SearchOptions, store, log) -> None:
-    """A fresh study's first trials: the best configs of tuned neighbour shapes (--warm-start), the heuristic
-    default of each family, then --enqueue."""
-    warm: list[Config] = []
-    if options.warm_start and not session.study.trials:
-        from . import warmstart
-
-        warm = warmstart.neighbour_configs(store or session.url, session.storage, options.shape, session.gpu_name,
-                                           session.arch, options.warm_start, log=log)
-    _enqueue(session.study, session.search_space, memory, options, session.arch, warm)
-
-
-def _finale(result: SearchResult, study, builder, evaluator, options: SearchOptions, provenance: dict, store,
-            log: Callable[[str], None]) -> None:
+def finale(result: SearchResult, session: Session, options: SearchOptions, store,
+           log: Callable[[str], None]) -> None:
     """Re-time the top configs next to the baselines (one worker session), record both on the study, and store
     the winner. `store` is a BestStore or the URL to open one at."""
-    from .store import BestStore
-
+    study, builder, evaluator = session.study, session.builder, session.evaluator
     top = studies.top_trials(study, max(TOP_N, options.retime_top))
     result.top = top[:TOP_N]
     result.retimed, result.baselines, result.notes = winner.retime_and_baselines(
@@ -453,7 +501,7 @@ def _finale(result: SearchResult, study, builder, evaluator, options: SearchOpti
     store = BestStore(store) if own else store
     try:
         # the stored row's source hash is that of the winner's family, not of every family searched
-        row_provenance = {**provenance, **winner.provenance(builder, (best.config.family,))}
+        row_provenance = {**session.provenance, **provenance(builder, (best.config.family,))}
         result.record = winner.store_best(store, best, options.shape, result.gpu_name, result.arch,
                                           result.study_name, row_provenance)
     finally:
@@ -461,83 +509,16 @@ def _finale(result: SearchResult, study, builder, evaluator, options: SearchOpti
             store.close()
 
 
-def _run_pipeline(loop: _Loop, options: SearchOptions, batch_size: int) -> tuple[str, Pipeline, bool]:
-    """Run the ask → build → evaluate pipeline; returns (why it stopped, the Pipeline with its timings,
-    whether Ctrl-C stopped it)."""
-    pipeline = Pipeline(loop, batch_size)
-    try:
-        leftovers = pipeline.run()
-    except KeyboardInterrupt:
-        n = _abandon_through_interrupts(loop, "interrupted (Ctrl-C) before it was evaluated")
-        return (f"interrupted (Ctrl-C): {n} trial(s) in flight marked failed; run the same command again to "
-                "resume", pipeline, True)
-    except BaseException:
-        loop.abandon("interrupted before it was evaluated")
-        raise
-    if leftovers or loop.in_flight:  # only when should_stop() cut the run short, i.e. --timeout
-        loop.abandon("cancelled: the search stopped (--timeout) before it was evaluated")
-    if loop.memory.evaluated >= loop.target:
-        reason = f"reached {loop.target} evaluated trials"
-    elif not loop.time_left():
-        reason = f"--timeout {options.timeout:g} s reached"
-    elif loop.exhausted:
-        reason = "the sampler has explored the whole space"
-    else:
-        reason = (f"stopped after {loop.asks} asks without enough new valid configs (the valid space may be "
-                  "exhausted, or the sampler keeps proposing invalid or repeated ones)")
-    return reason, pipeline, False
+# -- plugs -----------------------------------------------------------------------------------------------------
 
-
-def _abandon_through_interrupts(loop: _Loop, reason: str) -> int:
-    """loop.abandon(reason), finished even when another Ctrl-C lands before it starts (a launcher forwards
-    SIGINT to workers that the terminal signalled too); abandon itself runs as one critical section."""
-    before = loop.this_run["cancelled"]
-    while True:
-        try:
-            loop.abandon(reason)
-            return loop.this_run["cancelled"] - before
-        except KeyboardInterrupt:
-            if not loop.in_flight:  # raised as abandon's critical section ended: the work is done
-                return loop.this_run["cancelled"] - before
-
-
-def _enqueue(study, search_space: SearchSpace, memory, options: SearchOptions, arch: Arch,
-             warm: list[Config] = ()) -> None:
-    """A fresh study starts with `warm` (neighbours' best configs), the heuristic default of each family (a
-    known-good baseline for the sampler) and any configs the caller asked for; configs the study already judged
-    are not queued again."""
-    wanted = list(options.enqueue)
-    if not study.trials:
-        for family in search_space.families:
-            try:
-                wanted.insert(0, space.default_config(options.shape.problem, arch, family))
-            except (KeyError, ValueError):
-                pass
-    wanted = list(warm) + wanted
-    seen = set(memory.by_config)
-    for config in wanted:
-        if config.key in seen:
-            continue
-        seen.add(config.key)
-        try:
-            study.enqueue_trial(search_space.params(config), skip_if_exists=True)
-        except ValueError:
-            pass  # outside the searched domain (so certainly invalid): nothing to learn from queuing it
-
-
-def _replay(options: SearchOptions, builder, evaluator, store):
-    """Answer builds and evaluations from the landscape (autotune/replay.py). The shape must be the recorded one;
+def plug_replay(options: SearchOptions, builder, evaluator, store):
+    """Answer builds and evaluations from the landscape (landscapes/replay.py). The shape must be the recorded one;
     families default to the recorded ones. Studies go to an in-memory database unless --storage names one (a
     replay must not mix with real studies, $AUTOTUNE_STORAGE included), and no best config is stored: nothing
     new was measured."""
-    import dataclasses
-
-    from . import landscape as landscape_mod
-    from .replay import NullStore, ReplayBuilder, ReplayEvaluator
-
     ls = options.replay
-    if not isinstance(ls, landscape_mod.Landscape):
-        ls = landscape_mod.load(ls)
+    if not isinstance(ls, landscape_file.Landscape):
+        ls = landscape_file.load(ls)
     if options.shape != ls.shape:
         raise ValueError(f"--replay {ls.path or ls.name}: recorded for shape {ls.shape.key}, not {options.shape.key}")
     families = options.families or ls.families
@@ -550,7 +531,7 @@ def _replay(options: SearchOptions, builder, evaluator, store):
             store if store is not None else NullStore())
 
 
-def _choose_arch(requested: str | None, device_arch: str | None) -> Arch:
+def choose_arch(requested: str | None, device_arch: str | None) -> Arch:
     if requested is None:
         if not device_arch:
             raise ValueError("--arch: the evaluator did not report the GPU's arch; pass --arch (e.g. sm_90)")
@@ -565,4 +546,6 @@ def _choose_arch(requested: str | None, device_arch: str | None) -> Arch:
     return arch
 
 
-__all__ = ["DEFAULT_EVAL_TIMEOUT", "DEFAULT_TRIALS", "SearchInterrupted", "SearchOptions", "SearchResult", "run_search"]
+__all__ = ["DEFAULT_EVAL_TIMEOUT", "DEFAULT_TRIALS", "Session", "SearchInterrupted", "SearchOptions", "SearchResult",
+           "TrialLoop", "abandon_through_interrupts", "choose_arch", "enqueue_first", "finale", "open_session",
+           "plug_replay", "queue_first", "run_search", "run_trials", "run_worker"]

@@ -77,7 +77,7 @@ class BuildAhead:
 
 
 class Stages(Protocol):
-    """What the pipeline drives; search._Loop implements it over Optuna, the Builder and the Evaluator."""
+    """What the pipeline drives; loop.TrialLoop implements it over Optuna, the Builder and the Evaluator."""
 
     def can_ask(self) -> bool: ...                 # budget, ask cap and time allow another ask
     def ask(self) -> Any | None: ...              # one new item to build, or None (decided without building)

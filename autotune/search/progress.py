@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .verdicts import DUPLICATE_OF, SAME_CUBIN_AS
+
 STATUS_ORDER = ("complete", "spilled", "compile_error", "wrong", "crashed", "timeout", "invalid")
 
 
@@ -33,7 +35,6 @@ class ProgressPrinter:
         self.best_text = f"{value:.1f} TFLOPS #{number} {key}"
 
     def told(self, number: int, config, outcome, evaluated: int) -> None:
-        from .trial import DUPLICATE_OF, SAME_CUBIN_AS
 
         if outcome.status == "invalid":
             self.skipped_invalid += 1
@@ -68,7 +69,7 @@ def _fmt(x, spec: str, missing: str = "-") -> str:
 
 
 def format_result(r) -> str:
-    """The final report of a search.SearchResult."""
+    """The final report of a options.SearchResult."""
     lines = [f"study {r.study_name} on {r.gpu_name} ({r.arch.name}), shape {r.shape.key}",
              f"  stopped: {r.stop_reason}; {r.evaluated} evaluated trials in the study, {r.asks} asks this run"]
     counts = ", ".join(f"{s} {r.counts.get(s, 0)}" for s in STATUS_ORDER)

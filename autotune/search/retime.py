@@ -10,7 +10,8 @@ from typing import Callable
 
 from space import Arch, Config, Shape
 
-from .worker import EvalOutcome
+from ..measure.evaluator import EvalOutcome
+from ..store.best_table import BestEntry
 
 
 @dataclass(frozen=True)
@@ -25,18 +26,6 @@ class Retimed:
         return {"trial": self.number, "config_key": self.config.key, "status": o.status, "tflops": o.tflops,
                 "time_ms": o.time_ms, "time_spread_ms": o.spread_ms, "trial_tflops": self.trial_tflops,
                 "reason": o.reason}
-
-
-def provenance(builder, families) -> dict:
-    """Study/store provenance of the kernels being built: the digest of the sources these families compile
-    from (build.sources_digest), and the compiler."""
-    out = {}
-    if getattr(builder, "kernels_dir", None) is not None and hasattr(builder, "sources_digest"):
-        out["kernel_source_hash"] = builder.sources_digest(families)
-    version = getattr(builder, "nvcc_version", None)
-    if version:
-        out["nvcc_version"] = version
-    return out
 
 
 def retime_and_baselines(top: list, builder, evaluator, shape: Shape,
@@ -77,7 +66,6 @@ def pick(retimed: list[Retimed]) -> Retimed | None:
 
 
 def store_best(store, best: Retimed, shape: Shape, gpu_name: str, arch: Arch, study_name: str, prov: dict):
-    from .store import BestEntry
 
     entry = BestEntry.for_shape(
         shape, gpu_name, arch.name, best.config, best.outcome.tflops, time_ms=best.outcome.time_ms,
@@ -87,4 +75,4 @@ def store_best(store, best: Retimed, shape: Shape, gpu_name: str, arch: Arch, st
     return store.record_best(entry)
 
 
-__all__ = ["Retimed", "pick", "provenance", "retime_and_baselines", "store_best"]
+__all__ = ["Retimed", "pick", "retime_and_baselines", "store_best"]

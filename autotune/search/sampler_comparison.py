@@ -1,10 +1,10 @@
 """Samplers compared on recorded landscapes: how many trials each needs to come near the optimum.
 
-Each (landscape, sampler, seed) is one simulated search. It drives the search's own trial logic (search._Loop:
+Each (landscape, sampler, seed) is one simulated search. It drives the search's own trial logic (loop.TrialLoop:
 the same parameters, validity check before building, reuse of repeated configs and identical cubins, the same
 outcome → tell with constraints, the heuristic default enqueued first) with the build and the evaluation
-answered by the replay (autotune/replay.py). Only the scheduling differs: scheduler.Pipeline overlaps stages in
-real time, which would make a replay's order depend on thread timing; here a deterministic driver keeps
+answered by the replay (autotune/landscapes/replay.py). Only the scheduling differs: pipeline.Pipeline overlaps
+stages in real time, which would make a replay's order depend on thread timing; here a deterministic driver keeps
 `lag` new configs asked but not yet told whenever the sampler is asked again, as the real pipeline does while
 the GPU works through earlier batches (measured: 16-24 configs in flight with 16 build jobs, ~1 s per batch
 build and ~0.4 s per evaluation). lag 0 is a strictly sequential search.
@@ -21,7 +21,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from .landscape import Landscape
+from ..build.spill_policy import SpillPolicy
+from ..landscapes import landscape_file as landscape_mod
+from ..landscapes.landscape_file import Landscape
+from ..landscapes.replay import ReplayBuilder, ReplayEvaluator
+from . import study as studies
+from .loop import TrialLoop, enqueue_first
+from .options import DEFAULT_TRIALS, SearchOptions
+from .sampling import SearchSpace, make_sampler
+from .verdicts import DUPLICATE_OF
 
 THRESHOLDS = (0.95, 0.98, 0.99)
 DEFAULT_LAG = 16
@@ -47,7 +55,6 @@ def _tpe(**kwargs) -> Callable:
 
 def _search_default(name: str) -> Callable:
     def make(seed):
-        from .sampling import make_sampler
 
         return make_sampler(name, seed)
     return make
@@ -129,14 +136,13 @@ class Run:
 
 
 class _Recorder:
-    """Takes the place of summary.ProgressPrinter: keeps each trial's value in the order the search counts."""
+    """Takes the place of progress.ProgressPrinter: keeps each trial's value in the order the search counts."""
 
     def __init__(self, run: Run):
         self.run = run
         self.best = -math.inf
 
     def told(self, number, config, outcome, evaluated) -> None:
-        from .trial import DUPLICATE_OF
 
         if outcome.status == "invalid" or DUPLICATE_OF in outcome.attrs:
             return  # not a trial by the search's count
@@ -150,11 +156,6 @@ def simulate(landscape: Landscape, sampler: str, seed: int, trials: int, lag: in
              min_trials: int = 0, asks_per_trial: int = ASKS_PER_TRIAL) -> Run:
     import optuna
 
-    from . import search, studies
-    from .replay import ReplayBuilder, ReplayEvaluator
-    from .sampling import SearchSpace
-    from .search import SearchOptions
-    from .trial import SpillPolicy
 
     studies.quiet_optuna()
     shape, arch = landscape.shape, landscape.arch
@@ -166,9 +167,9 @@ def simulate(landscape: Landscape, sampler: str, seed: int, trials: int, lag: in
     memory = studies.StudyMemory()
     options = SearchOptions(shape=shape, trials=trials, families=landscape.families)
     if enqueue_default:
-        search._enqueue(study, search_space, memory, options, arch)
+        enqueue_first(study, search_space, memory, options, arch)
     recorder = _Recorder(run)
-    loop = search._Loop(study, search_space, ReplayBuilder(landscape), ReplayEvaluator(landscape), shape,
+    loop = TrialLoop(study, search_space, ReplayBuilder(landscape), ReplayEvaluator(landscape), shape,
                         SpillPolicy(), memory, recorder, trials,
                         max_asks=asks_per_trial * trials + 200, deadline=None)
     stop_at = stop_fraction * landscape.optimum if stop_fraction else math.inf
@@ -348,7 +349,6 @@ _LANDSCAPES: dict = {}
 
 
 def _cached_landscape(path) -> Landscape:
-    from . import landscape as landscape_mod
 
     if isinstance(path, Landscape):
         return path
@@ -366,7 +366,6 @@ def compare(landscapes: Sequence, samplers: Sequence[str] = DEFAULT_SAMPLERS, se
     budget: the trial count whose best is reported (default: `autotune search`'s default --trials); runs go on
     at least this far. best_at: more trial counts (≤ budget) whose best is reported too.
     """
-    from .search import DEFAULT_TRIALS
 
     for s in samplers:
         variant(s)

@@ -8,16 +8,16 @@ is not built or run again, and a cubin already timed (same bytes, same launch ge
 from __future__ import annotations
 
 import dataclasses
-import re
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
-import space
 from space import Arch, Config, Shape
 
-from . import trial as trial_mod
-from .trial import Outcome
+from ..build.builder import cubin_key
+from ..store.storage_url import gpu_slug
+from . import verdicts as trial_mod
+from .verdicts import Outcome
 
 STUDY_ATTRS = ("shape", "arch", "gpu_name", "kernel_source_hash", "nvcc_version")
 DIED_REASON = "died: left running by an earlier search run that stopped (killed, power loss)"
@@ -25,12 +25,6 @@ DIED_REASON = "died: left running by an earlier search run that stopped (killed,
 
 class StudyMismatchError(ValueError):
     """An existing study of that name was made for another shape or arch."""
-
-
-def gpu_slug(gpu_name: str) -> str:
-    """'NVIDIA H200' → 'h200'; 'NVIDIA GeForce RTX 4090' → 'geforce-rtx-4090'."""
-    words = [w for w in re.split(r"[^a-z0-9]+", gpu_name.lower()) if w and w != "nvidia"]
-    return "-".join(words) or "gpu"
 
 
 def default_study_name(gpu_name: str, shape: Shape, families: tuple[str, ...] | None = None) -> str:
@@ -138,14 +132,6 @@ class StudyMemory:
         return len(self.by_config)
 
 
-def cubin_key(cubin_hash: str | None, config: Config, problem) -> tuple | None:
-    """Identical bytes launched with identical geometry measure the same: time them once."""
-    if not cubin_hash:
-        return None
-    lay = space.layout(config, problem)
-    return cubin_hash, lay.threads, lay.smem_static, lay.smem_dynamic, lay.rows_per_block
-
-
 def status_counts(study) -> Counter:
     """Finished trials by status. Repeats of a config already judged count as `repeated` (they ran nothing);
     trials abandoned before being judged (interrupt, --timeout) as `cancelled`; trials skipped because another
@@ -205,5 +191,5 @@ def quiet_optuna() -> None:
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
 
-__all__ = ["STUDY_ATTRS", "StudyMemory", "StudyMismatchError", "cubin_key", "default_study_name", "fail_stale_running",
-           "gpu_slug", "open_study", "quiet_optuna", "status_counts", "top_trials", "trials_to_best"]
+__all__ = ["STUDY_ATTRS", "StudyMemory", "StudyMismatchError", "default_study_name", "fail_stale_running",
+           "open_study", "quiet_optuna", "status_counts", "top_trials", "trials_to_best"]

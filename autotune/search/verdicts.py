@@ -18,14 +18,14 @@ from the `constraint` user attr, which is written either way.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import space
 from space import Config, Problem
 
-from .occupancy import blocks_per_sm
+from ..build.spill_policy import SpillPolicy
+from ..launch.occupancy import blocks_per_sm
 from .sampling import set_constraint_supported
 
 STATUSES = ("complete", "invalid", "spilled", "compile_error", "wrong", "crashed", "timeout")
@@ -45,40 +45,6 @@ LATE_FOR = "late_for"
 # is filled from the least infeasible: a spilling kernel is nearer to a good one than a config that crashed.
 SEVERITY = {"complete": 0.0, "spilled": 1.0, "wrong": 2.0, "compile_error": 3.0, "crashed": 4.0, "timeout": 4.0,
             "invalid": 5.0}
-
-
-@dataclass(frozen=True)
-class SpillPolicy:
-    """What to do with a build that spills registers: `prune` (default), `allow`, or `max-bytes=N` (prune
-    when spill stores + spill loads exceed N bytes per thread)."""
-
-    mode: str = "prune"
-    max_bytes: int = 0
-
-    @classmethod
-    def parse(cls, text: str) -> "SpillPolicy":
-        text = text.strip().lower()
-        if text in ("prune", "allow"):
-            return cls(text)
-        m = re.fullmatch(r"max-bytes=(\d+)", text)
-        if m:
-            return cls("max-bytes", int(m.group(1)))
-        raise ValueError(f"--spill-policy: expected prune, allow or max-bytes=N (N ≥ 0), got {text!r}")
-
-    def prunes(self, report) -> str | None:
-        """The reason a build with this ptxas report is pruned, or None to evaluate it."""
-        if report is None or self.mode == "allow":
-            return None
-        spilled = report.spill_stores + report.spill_loads
-        if self.mode == "prune" and report.spilled:
-            return (f"spills registers ({report.spill_stores} B stores, {report.spill_loads} B loads, "
-                    f"{report.registers} registers) under --spill-policy prune")
-        if self.mode == "max-bytes" and spilled > self.max_bytes:
-            return f"spills {spilled} B (stores + loads) > {self.max_bytes} B allowed by --spill-policy {self}"
-        return None
-
-    def __str__(self) -> str:
-        return f"max-bytes={self.max_bytes}" if self.mode == "max-bytes" else self.mode
 
 
 @dataclass(frozen=True)
@@ -150,7 +116,7 @@ def after_build(build, policy: SpillPolicy) -> Outcome | None:
 
 
 def after_eval(build, ev) -> Outcome:
-    """ev is a worker.EvalOutcome."""
+    """ev is a evaluator.EvalOutcome."""
     attrs = build_attrs(build)
     attrs.update(time_ms=ev.time_ms, time_spread_ms=ev.spread_ms, max_error=ev.max_error)
     if ev.blocks_per_sm is not None:
@@ -285,5 +251,5 @@ def abandon(study, trial, reason: str) -> None:  # trial: optuna Trial or trial 
 
 
 __all__ = ["CONSTRAINT_ATTR", "DUPLICATE_OF", "LATE_FOR", "Outcome", "RUNNING_IN", "SAME_CUBIN_AS", "STATUSES",
-           "SpillPolicy", "USER_ATTRS", "abandon", "after_build", "after_eval", "build_attrs", "config_attrs", "defer",
+           "USER_ATTRS", "abandon", "after_build", "after_eval", "build_attrs", "config_attrs", "defer",
            "from_trial", "invalid", "reused", "tell"]

@@ -1,7 +1,7 @@
 """Warm start: the configs a fresh study of a shape tries first, taken from the shapes already tuned nearby.
 
-Neighbours are the best-per-shape rows (store.py) on the same GPU, arch, dtype, head_dim and causal flag (those
-decide which configs are valid at all), ranked by the runtime's nearest-neighbour metric (runtime.distance:
+Neighbours are the best-per-shape rows (store/best_table.py) on the same GPU, arch, dtype, head_dim and causal
+flag (those decide which configs are valid at all), ranked by the runtime's nearest-neighbour metric (store.nearest.distance:
 log2 seqlen and log2 batch·heads, so seqlen 2048 → 4096 is a distance of 1). The choice, up to `k` configs:
 
   1. the stored best of each neighbour, nearest first (each was re-timed and won its own study);
@@ -9,7 +9,7 @@ log2 seqlen and log2 batch·heads, so seqlen 2048 → 4096 is a distance of 1). 
      the same storage (a table imported from elsewhere has rows without studies: step 1 still works).
 
 Every config is checked against the new shape's rules before it is queued; the search queues them ahead of the
-heuristic default (search._enqueue), so the sampler's first trials are the neighbours' winners.
+heuristic default (search.loop.queue_first), so the sampler's first trials are the neighbours' winners.
 """
 from __future__ import annotations
 
@@ -18,16 +18,15 @@ from typing import Callable
 import space
 from space import Arch, Config, Shape
 
-from . import studies
+from ..store.best_table import BestStore
+from ..store.nearest import distance
+from . import study as studies
 
 
 def neighbour_configs(store, storage, shape: Shape, gpu_name: str, arch: Arch, k: int,
                       log: Callable[[str], None] = print) -> list[Config]:
     """Up to k configs for `shape` from its tuned neighbours (module docstring). `store`: a BestStore or the
     URL to open one at; `storage`: the Optuna storage holding the neighbours' studies (or None)."""
-    from .runtime import distance
-    from .store import BestStore
-
     if k <= 0:
         return []
     own = isinstance(store, str)

@@ -29,6 +29,8 @@ from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, MetaData, String
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+import space
+
 from . import storage_url
 
 SCHEMA_VERSION = 1
@@ -153,8 +155,6 @@ class BestEntry:
 
     @property
     def shape(self):
-        import space
-
         return space.Shape(batch=self.batch, heads=self.heads, seqlen_q=self.seqlen, seqlen_k=self.seqlen_k,
                            head_dim=self.head_dim, dtype=self.dtype, causal=self.causal, kv_heads=self.kv_heads)
 

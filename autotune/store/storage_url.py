@@ -13,6 +13,7 @@ written by one is found by the others without extra flags.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 ENV_VAR = "AUTOTUNE_STORAGE"
@@ -21,7 +22,7 @@ DB_NAME = "autotune.db"
 
 def default_root() -> Path:
     """The checkout's root when running from source (its studies/ is where tuned tables ship), else the cwd."""
-    checkout = Path(__file__).resolve().parent.parent
+    checkout = Path(__file__).resolve().parents[2]
     if (checkout / "studies").is_dir() and (checkout / "autotune").is_dir():
         return checkout
     return Path.cwd()
@@ -88,5 +89,11 @@ def describe(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-__all__ = ["ENV_VAR", "default_root", "default_storage_url", "describe", "postgres_driver", "prepare",
+def gpu_slug(gpu_name: str) -> str:
+    """'NVIDIA H200' → 'h200'; 'NVIDIA GeForce RTX 4090' → 'geforce-rtx-4090'."""
+    words = [w for w in re.split(r"[^a-z0-9]+", gpu_name.lower()) if w and w != "nvidia"]
+    return "-".join(words) or "gpu"
+
+
+__all__ = ["ENV_VAR", "default_root", "default_storage_url", "describe", "gpu_slug", "postgres_driver", "prepare",
            "resolve_storage_url", "sqlite_path"]
