@@ -268,7 +268,7 @@ def test_the_checked_in_fixture_table_reads_and_is_fake():
 
 def test_the_shipped_tables_live_in_studies_tuned_of_the_checkout():
     found = runtime.shipped_tables_dir()
-    assert found == Path(runtime.__file__).resolve().parent.parent / "studies" / "tuned"
+    assert found == Path(runtime.__file__).resolve().parents[2] / "studies" / "tuned"
     assert (found / "README.md").is_file()
 
 

@@ -98,12 +98,12 @@ def _search(options: SearchOptions, builder, evaluator, store, log: Callable[[st
             session.evaluator.close()
 
 
-def _trials_here(session: "Session", options: SearchOptions, store, log: Callable[[str], None]) -> SearchResult:
+def _trials_here(session: Session, options: SearchOptions, store, log: Callable[[str], None]) -> SearchResult:
     """One process: the trial loop here, after queuing the first configs."""
     return run_trials(session, options, log, queue=lambda memory: queue_first(session, memory, options, store, log))
 
 
-def _trials_in_workers(session: "Session", options: SearchOptions, store, log: Callable[[str], None]) -> SearchResult:
+def _trials_in_workers(session: Session, options: SearchOptions, store, log: Callable[[str], None]) -> SearchResult:
     """--workers N: queue the first configs (so that workers do not race to), then N worker processes run the
     trial loop (`run_worker`) on the study until its budget is met; their figures merged into one result."""
     session.evaluator.close()  # its GPU context is not needed until the finale: free GPU 0 for a worker

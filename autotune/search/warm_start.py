@@ -1,8 +1,9 @@
 """Warm start: the configs a fresh study of a shape tries first, taken from the shapes already tuned nearby.
 
 Neighbours are the best-per-shape rows (store/best_table.py) on the same GPU, arch, dtype, head_dim and causal
-flag (those decide which configs are valid at all), ranked by the runtime's nearest-neighbour metric (store.nearest.distance:
-log2 seqlen and log2 batch·heads, so seqlen 2048 → 4096 is a distance of 1). The choice, up to `k` configs:
+flag (those decide which configs are valid at all), ranked by the runtime's nearest-neighbour metric
+(store.nearest.distance: log2 seqlen and log2 batch·heads, so seqlen 2048 → 4096 is a distance of 1). The
+choice, up to `k` configs:
 
   1. the stored best of each neighbour, nearest first (each was re-timed and won its own study);
   2. then the next-best trials of the neighbours' studies, nearest study first, when those studies are in
