@@ -10,7 +10,7 @@ builds go through autotune.build.builder.Builder at once (jobs = CPU count). Mea
 default and the --config ones (even when they spill, flagged: untuned shapes get the default), then the first
 --per-shape builds of each family that do not spill, round-robin across families. Each is checked against the
 fp32 reference and, if right, timed; torch SDPA's flash, cuDNN and memory-efficient backends are timed the same
-way in the same process. Kernels run in a child process (autotune.measure.evaluator.Worker: spawn, reused until a call
+way in the same process. Kernels run in a child process (autotune.measure.child_process.Worker: spawn, reused until a call
 crashes or times out), so one faulting or hanging config costs one row, not the sweep.
 
 Output: progress lines, then per shape a markdown table (top configs, the default, the baselines; TFLOPS and
@@ -116,7 +116,7 @@ class Runner:
     """The child process that runs kernels, and what to do when a call kills it."""
 
     def __init__(self, timeout_s: float):
-        from autotune.measure.evaluator import Worker
+        from autotune.measure.child_process import Worker
 
         self.timeout_s = timeout_s
         self.worker = Worker(warmup=("torch.cuda:init", ()))

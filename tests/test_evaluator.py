@@ -11,7 +11,7 @@ import pytest
 import space
 from autotune.measure.evaluate import Evaluation
 from autotune.measure.timing import Timing
-from autotune.measure.evaluator import EvalOutcome, Evaluator, Worker, WorkerStartError, normalize_evaluation, resolve
+from autotune.measure.child_process import EvalOutcome, Evaluator, Worker, WorkerStartError, normalize_evaluation, resolve
 
 SHAPE = space.Shape(batch=1, heads=2, seqlen_q=256, head_dim=128)
 

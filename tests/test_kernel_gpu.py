@@ -11,7 +11,7 @@ Design: a covering set, not a cross product.
     seqlen_q < seqlen_k and seqlen_q > seqlen_k, GQA 4:1, the (B, N, H, D) layout (non-standard strides), and lse.
 So every axis value meets every problem dimension (head_dim, dtype, causal, each seqlen, GQA, layout) at least
 once; `test_covering_set_*` and `test_cases_*` (CPU) check exactly that. Each check runs in a child process
-(autotune.measure.evaluator), so a kernel that faults or hangs fails its own test and the matrix goes on. That the checker
+(autotune.measure.child_process), so a kernel that faults or hangs fails its own test and the matrix goes on. That the checker
 can fail at all is tested on CPU in tests/test_check.py.
 
 Pass criterion (autotune.measure.check): max error within 2× of PyTorch's own same-dtype error against the fp32
@@ -145,7 +145,7 @@ def builds(tmp_path_factory):
 @pytest.fixture(scope="module")
 def worker():
     """A child process for everything that launches our kernels: a fault or hang fails one test, not all."""
-    from autotune.measure.evaluator import Worker
+    from autotune.measure.child_process import Worker
 
     w = Worker(warmup=("torch.cuda:init", ()))
     yield w

@@ -19,7 +19,7 @@ from autotune.build.builder import BuildResult
 from autotune.cli import main
 from autotune.build.ptxas import BuildReport
 from autotune.landscapes.sweep import SweepError, SweepOptions, run_sweeps
-from autotune.measure.evaluator import EvalOutcome
+from autotune.measure.child_process import EvalOutcome
 from landscape_fixtures import ARCH, SMALL_SHAPE
 
 CONFIGS = sorted(space.valid_configs(SMALL_SHAPE.problem, ARCH, ("wgmma",)), key=lambda c: c.key)

@@ -1,5 +1,5 @@
 """Correctness matrix of the wgmma family on a Hopper GPU (issue 8), through the project's own build → load →
-check path (autotune.measure.check in an autotune.measure.evaluator child, so a fault or hang fails one test, not the matrix).
+check path (autotune.measure.check in an autotune.measure.child_process child, so a fault or hang fails one test, not the matrix).
 
 Configs: a fixed ladder from the plainest producer/consumer kernel to the FA3-style combinations (setmaxnreg,
 intra-warpgroup overlap, ping-pong, 3 consumer warpgroups, non-power-of-two Bc, 2-4 stages, 2 CTAs per SM), plus
@@ -105,7 +105,7 @@ def builds(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def worker():
-    from autotune.measure.evaluator import Worker
+    from autotune.measure.child_process import Worker
 
     w = Worker(warmup=("torch.cuda:init", ()))
     yield w

@@ -185,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.search.loop import SearchInterrupted, run_search
     from autotune.search.study import StudyMismatchError
     from autotune.search.progress import format_result
-    from autotune.measure.evaluator import EvaluatorError, WorkerStartError
+    from autotune.measure.child_process import EvaluatorError, WorkerStartError
 
     seqlens = args.seqlen or [None]
     if len(seqlens) > 1:

@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.landscapes.landscape_file import LandscapeError
     from autotune.build.nvcc import NvccNotFoundError
     from autotune.landscapes.sweep import SweepError, run_sweeps
-    from autotune.measure.evaluator import EvaluatorError, WorkerStartError
+    from autotune.measure.child_process import EvaluatorError, WorkerStartError
 
     try:
         options = options_from_args(args)

@@ -19,7 +19,7 @@ from space import Config, Problem, Shape
 from ..build.builder import BuildResult
 from .landscape_file import BUILD_FIELDS, Landscape, Row
 from ..build.ptxas import BuildReport
-from ..measure.evaluator import EvalOutcome
+from ..measure.child_process import EvalOutcome
 
 
 class ReplayError(ValueError):

@@ -28,7 +28,7 @@ from space import Arch, Config, Shape
 
 from ..build.builder import Builder, cubin_key, provenance
 from ..build.spill_policy import SpillPolicy
-from ..measure.evaluator import Evaluator
+from ..measure.child_process import Evaluator
 from . import landscape_file as landscape_mod
 from .landscape_file import Landscape, Row
 from .sweep_eval import MEASUREMENT
@@ -373,7 +373,7 @@ def _row_from_build(build, policy: SpillPolicy) -> Row | None:
 
 
 def _row_from_eval(build, ev) -> Row:
-    """ev: a evaluator.EvalOutcome; the lean evaluator adds p20/p80/n_reps in `extra`."""
+    """ev: a child_process.EvalOutcome; the lean evaluator adds p20/p80/n_reps in `extra`."""
     extra = ev.extra or {}
     row = Row(build.config.key, ev.status, max_error=ev.max_error, blocks_per_sm=ev.blocks_per_sm,
               **_report_fields(build))

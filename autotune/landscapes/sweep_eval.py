@@ -12,7 +12,7 @@ of GPU time. Compared with measure.evaluate (the search's, ~0.3-1 s per config):
   p20/p80), with WARMUP_MS / REP_MS instead of 25 / 100 ms; the spread (p80 - p20) is recorded per row so a
   reader sees how much each figure can be trusted. Inputs are allocated once per shape and reused.
 
-Returns an autotune.measure.evaluator.EvalOutcome whose `extra` carries p20_ms, p80_ms and n_reps for the landscape.
+Returns an autotune.measure.child_process.EvalOutcome whose `extra` carries p20_ms, p80_ms and n_reps for the landscape.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from space import Shape
 from ..launch import loader
 from ..measure import check, timing
 from ..measure import evaluate as measure
-from ..measure.evaluator import EvalOutcome
+from ..measure.child_process import EvalOutcome
 
 WARMUP_MS = 10.0
 REP_MS = 40.0

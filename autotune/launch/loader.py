@@ -5,7 +5,7 @@ CUDA context, so everything here runs in the device's *primary* context, the one
 Every driver call is checked; a failure raises CudaError naming the call and the CUresult.
 
 Note that a kernel that faults leaves the context unusable (every later call fails): callers that try untrusted
-configs run them in a child process (autotune.measure.evaluator).
+configs run them in a child process (autotune.measure.child_process).
 """
 from __future__ import annotations
 

@@ -3,12 +3,12 @@
 Owns: the fp32 reference (reference.py), the correctness check on poisoned outputs (check.py), timing with
 warm-up, L2 flush and CUDA events (timing.py), one build's evaluation and the SDPA baselines (evaluate.py),
 the evaluator child process that keeps a faulting or hanging kernel from taking the caller down
-(evaluator.py: Worker, Evaluator, EvalOutcome), and signal handling for the processes that do this work
+(child_process.py: Worker, Evaluator, EvalOutcome), and signal handling for the processes that do this work
 (interrupts.py: Ctrl-C deferred during storage writes, children that die with their parent).
 
 May import: build, launch (and space/).
 
-Public names: evaluate.evaluate, Evaluation, sdpa_baselines, context_alive; evaluator.Evaluator, Worker,
+Public names: evaluate.evaluate, Evaluation, sdpa_baselines, context_alive; child_process.Evaluator, Worker,
 EvalOutcome, EvaluatorError, WorkerStartError, DEFAULT_EVALUATOR; check.check, make_inputs;
 timing.bench, Timing; reference.reference_attention; interrupts.critical, deferred_interrupts, exit_with_parent.
 """

@@ -416,14 +416,14 @@ class Evaluator:
             raise ValueError(f"evaluator: expected 'module:function', got {spec!r}")
         self.spec = spec
         self.timeout = timeout
-        self.worker = Worker(warmup=("autotune.measure.evaluator:_child_warmup", (spec,)), start_timeout=start_timeout)
+        self.worker = Worker(warmup=("autotune.measure.child_process:_child_warmup", (spec,)), start_timeout=start_timeout)
 
     def start(self) -> None:
         self.worker.start()
 
     def submit(self, build, shape) -> None:
         """Start evaluating `build` on `shape` in the child; take the outcome with wait()."""
-        self.worker.submit("autotune.measure.evaluator:_child_evaluate", self.spec, build, shape, timeout=self.timeout)
+        self.worker.submit("autotune.measure.child_process:_child_evaluate", self.spec, build, shape, timeout=self.timeout)
 
     def wait(self, block_for: float | None = None) -> EvalOutcome | None:
         """The submitted evaluation's outcome, or None while it still runs after block_for seconds."""
@@ -449,14 +449,14 @@ class Evaluator:
 
     def baselines(self, shape) -> dict[str, float | None]:
         """SDPA backends' TFLOPS measured in this same worker process ({} when the evaluator has none)."""
-        result = self.worker.call("autotune.measure.evaluator:_child_baselines", self.spec, shape,
+        result = self.worker.call("autotune.measure.child_process:_child_baselines", self.spec, shape,
                                   timeout=self.timeout * 4)
         if result.ok:
             return result.value
         raise RuntimeError(f"SDPA baselines failed ({result.status}): {_last_line(result.reason)}")
 
     def device_info(self) -> dict[str, Any]:
-        result = self.worker.call("autotune.measure.evaluator:_child_device_info", self.spec, timeout=self.timeout)
+        result = self.worker.call("autotune.measure.child_process:_child_device_info", self.spec, timeout=self.timeout)
         if result.ok:
             return result.value
         raise EvaluatorError(f"device query failed in the evaluation worker ({result.status}): "

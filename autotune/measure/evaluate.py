@@ -3,7 +3,7 @@
 `evaluate` runs in the calling process and never raises for a bad kernel: it returns an Evaluation whose status
 is 'complete', 'wrong' or 'crashed'. A kernel that faults leaves this process's CUDA context unusable
 (`Evaluation.context_lost`), so anything that tries many configs calls it in a child process through
-autotune.measure.evaluator (which adds the status 'timeout' for a kernel that hangs).
+autotune.measure.child_process (which adds the status 'timeout' for a kernel that hangs).
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ re-timed in one evaluator session next to the SDPA baselines, and the winner goe
 
 Runs differ only in what is plugged in:
 
-    one process     the Builder (nvcc) and the Evaluator (measure/evaluator.py); the trials run here
+    one process     the Builder (nvcc) and the Evaluator (measure/child_process.py); the trials run here
     --workers N     the same, but the trials run in N worker processes (distributed.run_workers), each of them
                     `run_worker`: open the study, then the same trial loop; the launcher queues and re-times
     --replay FILE   ReplayBuilder and ReplayEvaluator answer from a recorded landscape (landscapes/replay.py),
@@ -41,7 +41,7 @@ from ..build.spill_policy import SpillPolicy
 from ..landscapes import landscape_file
 from ..landscapes.replay import NullStore, ReplayBuilder, ReplayEvaluator
 from ..measure import interrupts
-from ..measure.evaluator import Evaluator
+from ..measure.child_process import Evaluator
 from ..store import storage_url
 from ..store.best_table import BestStore
 from ..store.claims import Claims

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from space import Arch, Config, Shape
 
 from ..build.spill_policy import SpillPolicy
-from ..measure.evaluator import DEFAULT_EVALUATOR
+from ..measure.child_process import DEFAULT_EVALUATOR
 from .coordination import DEFAULT_GRACE, DEFAULT_HEARTBEAT
 from .retime import pick
 

@@ -10,7 +10,7 @@ from typing import Callable
 
 from space import Arch, Config, Shape
 
-from ..measure.evaluator import EvalOutcome
+from ..measure.child_process import EvalOutcome
 from ..store.best_table import BestEntry
 
 

@@ -116,7 +116,7 @@ def after_build(build, policy: SpillPolicy) -> Outcome | None:
 
 
 def after_eval(build, ev) -> Outcome:
-    """ev is a evaluator.EvalOutcome."""
+    """ev is a child_process.EvalOutcome."""
     attrs = build_attrs(build)
     attrs.update(time_ms=ev.time_ms, time_spread_ms=ev.spread_ms, max_error=ev.max_error)
     if ev.blocks_per_sm is not None:
