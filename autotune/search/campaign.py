@@ -190,7 +190,7 @@ class Row:
 
 
 def run(plans: list, *, log: Callable[[str], None] = print, search=None) -> list[Row]:
-    """Search each shape in turn (search: search.run_search, injectable for tests). A shape that fails is
+    """Search each shape in turn (search: loop.run_search, injectable for tests). A shape that fails is
     reported and the campaign goes on; Ctrl-C stops it (SearchInterrupted propagates, with the rows so
     far on its `rows` attribute)."""
 

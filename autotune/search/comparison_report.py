@@ -1,4 +1,5 @@
-"""sampler_comparison.Comparison → markdown tables and a matplotlib PNG; the generated section of docs/search.md.
+"""sampler_comparison.Comparison → markdown tables and a matplotlib PNG: the generated section of
+docs/search.md.
 
 Everything printed comes from the Comparison (itself from recorded landscapes): nothing here computes or
 assumes a figure. The markdown goes between two marker lines of a file, so the hand-written text around it

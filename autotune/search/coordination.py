@@ -4,7 +4,7 @@ The storage decides the mode (docs/distributed.md says why):
 
 * **Solo** — SQLite. One search process per study. Trials found RUNNING when a run starts were left by a run
   that died (kill -9, power): they are failed at once and re-queued once. No heartbeat, no claims: the
-  search's in-process memory (studies.StudyMemory) already keeps a config from being timed twice.
+  search's in-process memory (study.StudyMemory) already keeps a config from being timed twice.
 
 * **Shared** — PostgreSQL, MySQL: any number of processes on any number of hosts.
   - Heartbeat: every trial this process holds (asked and not yet told) gets an Optuna heartbeat every

@@ -34,7 +34,7 @@ from .verdicts import DUPLICATE_OF
 THRESHOLDS = (0.95, 0.98, 0.99)
 DEFAULT_LAG = 16
 DEFAULT_SEEDS = 20
-# The search allows 30 asks per wanted trial (search.ASKS_PER_TRIAL); a simulated sampler that needs more than
+# The search allows 30 asks per wanted trial (options.ASKS_PER_TRIAL); a simulated sampler that needs more than
 # this many is stopped and reported ("N asks"): some TPE settings keep re-proposing the enqueued default, which
 # the search tells again as a complete copy, and every ask costs more as the study grows (quadratic in total).
 ASKS_PER_TRIAL = 10

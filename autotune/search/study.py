@@ -61,7 +61,7 @@ def open_study(name: str, storage, sampler, shape: Shape, arch: Arch, gpu_name: 
 def fail_stale_running(study, log=print, on_failed=None) -> int:
     """Trials left RUNNING by an earlier run that died (kill -9, power) are finished as FAIL so they stop
     counting as in-flight guesses, and `on_failed(study, frozen_trial)` re-queues those that had a config.
-    Only for a study with one search process (SQLite; peers.py): on a shared storage another process's live
+    Only for a study with one search process (SQLite; coordination.py): on a shared storage another process's live
     trials are RUNNING too, and only the heartbeat tells the dead from the living."""
     from optuna.trial import TrialState
 
@@ -187,7 +187,7 @@ def quiet_optuna() -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    # Ask-and-tell with heartbeats is what peers.py does on purpose (it beats for every trial in flight).
+    # Ask-and-tell with heartbeats is what coordination.py does on purpose (it beats for every trial in flight).
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
 

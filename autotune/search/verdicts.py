@@ -37,7 +37,7 @@ CONSTRAINT_NAME = "feasible"
 # Extra user attrs on trials that reuse an earlier trial's result instead of running again.
 DUPLICATE_OF = "duplicate_of"     # same config as that trial
 SAME_CUBIN_AS = "same_cubin_as"   # different config, identical cubin and launch geometry
-# On FAIL trials, shared storages only (peers.py): the config was being evaluated by that trial in another process.
+# On FAIL trials, shared storages only (coordination.py): the config was being evaluated by that trial in another process.
 RUNNING_IN = "running_in"
 # On a trial re-recorded because the process's own trial was failed under it (missed heartbeats): the lost number.
 LATE_FOR = "late_for"
