@@ -1,8 +1,8 @@
 """autotune: search the design space of a parameterized CUDA FlashAttention forward kernel.
 
 `autotune.attention(q, k, v, causal=False, scale=None, return_lse=False)` runs the tuned kernel and
-`autotune.explain(q, k, v, causal=False)` says which config it would use and why (autotune/op.py). Both are loaded
-on first access, so `import autotune` (and with it the CLI and compile-only use) never imports torch.
+`autotune.explain(q, k, v, causal=False)` says which config it would use and why (autotune/runtime/attention_op.py).
+Both are loaded on first access, so `import autotune` (and with it the CLI and compile-only use) never imports torch.
 """
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-_LAZY = {"attention": "op", "explain": "op"}  # public name -> submodule that defines it
+# public name -> submodule that defines it
+_LAZY = {"attention": "runtime.attention_op", "explain": "runtime.attention_op"}
 
 if TYPE_CHECKING:
-    from .op import attention, explain
+    from .runtime.attention_op import attention, explain
 
 
 def __getattr__(name: str):

@@ -15,7 +15,7 @@ from collections import defaultdict
 import optuna
 
 import space
-from autotune.storage_url import resolve_storage_url
+from autotune.store.storage_url import resolve_storage_url
 
 
 def complete_configs(study: optuna.Study) -> list[tuple[space.Config, float]]:

@@ -6,11 +6,11 @@
 For each shape (default: the five below) and each kernel family (--families, default both), the candidates are
 the family's heuristic default and valid configs in order of diversity (farthest-point sampling in Hamming
 distance over the axes, seeded; --per-shape × --oversample of them, since many spill), plus any --config. All
-builds go through autotune.build.Builder at once (jobs = CPU count). Measured, in this order: each family's
+builds go through autotune.build.builder.Builder at once (jobs = CPU count). Measured, in this order: each family's
 default and the --config ones (even when they spill, flagged: untuned shapes get the default), then the first
 --per-shape builds of each family that do not spill, round-robin across families. Each is checked against the
 fp32 reference and, if right, timed; torch SDPA's flash, cuDNN and memory-efficient backends are timed the same
-way in the same process. Kernels run in a child process (autotune.worker.Worker: spawn, reused until a call
+way in the same process. Kernels run in a child process (autotune.measure.child_process.Worker: spawn, reused until a call
 crashes or times out), so one faulting or hanging config costs one row, not the sweep.
 
 Output: progress lines, then per shape a markdown table (top configs, the default, the baselines; TFLOPS and
@@ -116,15 +116,15 @@ class Runner:
     """The child process that runs kernels, and what to do when a call kills it."""
 
     def __init__(self, timeout_s: float):
-        from autotune.worker import Worker
+        from autotune.measure.child_process import Worker
 
         self.timeout_s = timeout_s
         self.worker = Worker(warmup=("torch.cuda:init", ()))
 
     def evaluate(self, build, shape: Shape, seed: int, layout: str, warmup_ms: float, rep_ms: float):
-        from autotune.measure import Evaluation
+        from autotune.measure.evaluate import Evaluation
 
-        result = self.worker.call("autotune.measure:evaluate", build, shape, seed, layout, False, warmup_ms, rep_ms,
+        result = self.worker.call("autotune.measure.evaluate:evaluate", build, shape, seed, layout, False, warmup_ms, rep_ms,
                                   timeout=self.timeout_s)
         if result.ok:
             ev = result.value
@@ -136,7 +136,7 @@ class Runner:
                           if result.reason else result.status, context_lost=True)
 
     def baselines(self, shape: Shape, layout: str, warmup_ms: float, rep_ms: float):
-        result = self.worker.call("autotune.measure:sdpa_baselines_with_reasons", shape, BACKENDS, layout,
+        result = self.worker.call("autotune.measure.evaluate:sdpa_baselines_with_reasons", shape, BACKENDS, layout,
                                   warmup_ms, rep_ms, timeout=4 * self.timeout_s)
         if result.ok:
             return result.value
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     if args.arch:
         arch = space.get_arch(args.arch)
     else:
-        from autotune.gpu_arch import detect_arch
+        from autotune.launch.gpu_arch import detect_arch
 
         arch = detect_arch()
     out = Path(args.out)
@@ -264,7 +264,7 @@ def main(argv=None) -> int:
     log(f"building {len(items)} (config, problem) pairs for {arch.name} "
         f"({', '.join(p.key for p in candidates)}) ...")
 
-    from autotune.build import Builder
+    from autotune.build.builder import Builder
 
     builder = Builder(arch, cache_dir=args.cache_dir, jobs=args.jobs)
     step = max(1, len(items) // 10)

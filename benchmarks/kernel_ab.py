@@ -62,7 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from autotune.build import Builder, default_kernels_dir
+    from autotune.build.builder import Builder, default_kernels_dir
 
     if args.arch:
         arch = space.get_arch(args.arch)

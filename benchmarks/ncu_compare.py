@@ -54,7 +54,7 @@ def profile(shape_key: str) -> None:
     import torch
 
     import autotune
-    from autotune.check import make_inputs
+    from autotune.measure.check import make_inputs
     from flash_attn.cute import flash_attn_func
     from peers_table import parse_shape
 

@@ -35,7 +35,7 @@ from space import Shape  # noqa: E402
 # h200_sweep's five, plus the two where the peers led by most on 2026-12-01 (short sequences, d256)
 SHAPES = DEFAULT_SHAPES + ("b16-h16-n512-d64-fp16-full", "b2-h8-n4096-d256-bf16-full")
 PEERS = ("sdpa_flash", "sdpa_cudnn", "fa4")
-TOLERANCE = 2e-2  # vs torch SDPA in the same 16-bit dtype (see autotune.peer_fa4.PEER_TOLERANCE)
+TOLERANCE = 2e-2  # vs torch SDPA in the same 16-bit dtype (see autotune.measure.peer_fa4.PEER_TOLERANCE)
 
 
 def parse_shape(key: str) -> Shape:
@@ -55,9 +55,9 @@ def measure_shape(shape: Shape, warmup_ms: float, rep_ms: float) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import autotune
-    from autotune import peer_fa4
-    from autotune.check import make_inputs
-    from autotune.timing import bench
+    from autotune.measure import peer_fa4
+    from autotune.measure.check import make_inputs
+    from autotune.measure.timing import bench
 
     q, k, v = make_inputs(shape, "bhnd", seed=1)
     row: dict = {"shape": shape.key, "tflops": {}, "notes": {}}

@@ -10,7 +10,7 @@ Shapes (docs/search.md): fp16 d128 N4096 B4 H16; fp16 d64 N4096 causal B4 H32; b
 landscape is exhaustive over the wgmma family only (252-430 valid configs per shape on sm_90; the mma_sync
 family has 3594-8461, far beyond a few minutes of GPU time), which the file header says (`families`).
 
-All three go through one autotune.sweep.run_sweeps call: one parallel build of every config (shape n+1 compiles
+All three go through one autotune.landscapes.sweep.run_sweeps call: one parallel build of every config (shape n+1 compiles
 while shape n is measured) and one warm evaluation worker. --budget-s bounds the measuring of all three,
 shared by config count; configs left out are simply missing (the header says `complete: false`) and running
 the command again resumes.
@@ -84,7 +84,7 @@ def summary(results) -> list[str]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from autotune.sweep import SWEEP_EVALUATOR, SweepOptions, run_sweeps
+    from autotune.landscapes.sweep import SWEEP_EVALUATOR, SweepOptions, run_sweeps
 
     started = time.monotonic()
     out_env = os.environ.get("OUT")
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     except Exception as e:  # what was saved is still worth bringing back: say what is on disk, then fail
         log(f"record_landscapes: {type(e).__name__}: {e}")
         if not args.build_only:
-            from autotune.landscape import LandscapeError, load
+            from autotune.landscapes.landscape_file import LandscapeError, load
 
             for f in sorted(out_dir.glob("*.json")):
                 try:

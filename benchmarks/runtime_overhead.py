@@ -6,7 +6,7 @@
 Part 1, speed: for each shape (default: the shipped matrix, B·N = 16384 and H = 2048/D as in docs/DESIGN.md's
 table: d64/d128 × fp16/bf16 × full/causal × seqlen 512..16384; --quick: seqlen 4096 only) time
 `autotune.attention(q, k, v, causal=...)` end to end (lookup memo, allocation, launch) and SDPA's flash and cuDNN
-backends with one discipline (autotune.timing.bench: L2 flush, CUDA events, median). The selection source
+backends with one discipline (autotune.measure.timing.bench: L2 flush, CUDA events, median). The selection source
 (storage / shipped / nearest / heuristic) and the max |difference| to SDPA's output are shown per row. Kernels a
 shape needs are built on first use (one stderr line each) and come from the shared cache afterwards.
 
@@ -63,10 +63,10 @@ def speed_row(shape: Shape) -> dict:
     import torch
 
     import autotune
-    from autotune import op
-    from autotune.check import make_inputs
-    from autotune.measure import BackendUnavailable, sdpa_baseline
-    from autotune.timing import bench
+    from autotune.runtime import attention_op as op
+    from autotune.measure.check import make_inputs
+    from autotune.measure.evaluate import BackendUnavailable, sdpa_baseline
+    from autotune.measure.timing import bench
 
     q, k, v = make_inputs(shape, "bhnd", seed=0)  # the inputs sdpa_baseline uses too
     row = {"shape": shape.key}
@@ -137,7 +137,7 @@ def overhead(iters: int) -> dict:
     import torch.nn.functional as F
 
     import autotune
-    from autotune import op
+    from autotune.runtime import attention_op as op
 
     q, k, v = (torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     inputs = op.check_inputs(q, k, v)

@@ -209,7 +209,7 @@ def make_params(q, k, v, o, lse, scale):
 def prepare(kern, cfg: Config, q, k, v, o, lse):
     """Everything host-side done once (params, tensor maps, grid); returns the launch as a closure, which also
     keeps the ctypes/tensor-map objects alive as long as it lives."""
-    from autotune import tma
+    from autotune.launch import tma
 
     lay = space.layout(cfg, Problem(q.shape[3], "bf16" if str(q.dtype) == "torch.bfloat16" else "fp16"))
     params = make_params(q, k, v, o, lse, 1.0 / math.sqrt(q.shape[3]))

@@ -81,7 +81,8 @@ from collections import Counter
 
 import optuna
 
-from autotune import storage_url, studies
+from autotune.search import study as studies
+from autotune.store import storage_url
 
 url, results = storage_url.prepare(sys.argv[1]), sys.argv[2]
 optuna.logging.set_verbosity(optuna.logging.WARNING)

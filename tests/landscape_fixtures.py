@@ -9,7 +9,7 @@ import hashlib
 from pathlib import Path
 
 import space
-from autotune.landscape import Landscape, Row, make_header
+from autotune.landscapes.landscape_file import Landscape, Row, make_header
 
 ARCH = space.get_arch("sm_90")
 # fp16 d128: 252 valid wgmma configs on sm_90. A small batch keeps nothing here expensive (no GPU is touched).

@@ -91,7 +91,7 @@ def fake_tflops(config) -> float:
 
 
 def evaluate(build, shape):
-    from autotune.measure import Evaluation
+    from autotune.measure.evaluate import Evaluation
 
     key = build.config.key
     started = time.time()
@@ -137,7 +137,7 @@ def _crashed_before(key: str) -> bool:
 
 
 def sdpa_baselines(shape):
-    from autotune.timing import Timing
+    from autotune.measure.timing import Timing
 
     _log("baselines")
     out = {}

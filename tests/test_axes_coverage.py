@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 import space
-from autotune.build import Builder
+from autotune.build.builder import Builder
 
 ARCHES = ("sm_90", "sm_103")
 # d128 first (the common case); the others only when d128 cannot cover some value

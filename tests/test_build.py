@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import space
-from autotune.build import Builder, BuildError, default_cache_dir, default_kernels_dir
-from autotune.nvcc import find_nvcc
+from autotune.build.builder import Builder, BuildError, default_cache_dir, default_kernels_dir
+from autotune.build.nvcc import find_nvcc
 
 PROBLEM = space.Problem(head_dim=64)
 ARCH = space.get_arch("sm_90")
@@ -79,7 +79,7 @@ def test_kernel_source_change_misses_the_cache(tmp_path):
 
 
 def test_each_family_hashes_only_the_files_it_compiles_from(tmp_path):
-    from autotune.build import family_sources
+    from autotune.build.builder import family_sources
 
     kernels = tmp_path / "kernels"
     shutil.copytree(default_kernels_dir(), kernels)
@@ -252,7 +252,7 @@ def test_space_command_compiles_and_summarises(capsys, build_cache_dir):
 
 
 def test_commands_without_arch_or_gpu_ask_for_arch(capsys, monkeypatch):
-    from autotune import gpu_arch
+    from autotune.launch import gpu_arch
     from autotune.cli import main
 
     monkeypatch.setattr(gpu_arch, "_torch_capability", lambda device: None)

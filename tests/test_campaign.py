@@ -9,9 +9,10 @@ import json
 import pytest
 
 import search_doubles
-from autotune import campaign, studies
+from autotune.search import campaign
+from autotune.search import study as studies
 from autotune.cli import main
-from autotune.search import SearchOptions, run_search
+from autotune.search.loop import SearchOptions, run_search
 from space import Shape
 from test_search import A, B, DEFAULT, E, SHAPE
 

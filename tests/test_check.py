@@ -1,4 +1,4 @@
-"""autotune.check judges outputs correctly: it passes a right one and catches each kind of wrong one.
+"""autotune.measure.check judges outputs correctly: it passes a right one and catches each kind of wrong one.
 
 Runs on CPU: the 'kernel' is a test double of KernelRunner whose run() writes o (and lse) with torch, and
 check(..., device="cpu") takes the inputs, the reference and torch's own error from the CPU.
@@ -10,9 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import space  # noqa: E402
-from autotune.check import LSE_TOLERANCE, SENTINEL, check, make_inputs  # noqa: E402
-from autotune.loader import KernelRunner  # noqa: E402
-from autotune.reference import reference_attention  # noqa: E402
+from autotune.measure.check import LSE_TOLERANCE, SENTINEL, check, make_inputs  # noqa: E402
+from autotune.launch.loader import KernelRunner  # noqa: E402
+from autotune.measure.reference import reference_attention  # noqa: E402
 from space import Problem, Shape  # noqa: E402
 
 PROBLEM = Problem(64, "fp16", True)

@@ -30,7 +30,7 @@ def env(tmp_path, monkeypatch, build_cache_dir):
 
 
 def test_search_without_a_gpu_points_to_compile_only_work(capsys, monkeypatch):
-    import autotune.gpu_arch as gpu_arch
+    import autotune.launch.gpu_arch as gpu_arch
 
     def no_gpu(device: int = 0):
         raise gpu_arch.NoGpuError(gpu_arch.NO_GPU_MESSAGE)
@@ -91,7 +91,7 @@ def test_search_best_export_import_round_trip(env, capsys):
 def test_storage_comes_from_the_environment(env, capsys, monkeypatch):
     path = env["tmp"] / "t.json"
     src = f"sqlite:///{env['tmp'] / 'src.db'}"
-    from autotune.store import BestEntry, BestStore
+    from autotune.store.best_table import BestEntry, BestStore
     import space
 
     with BestStore(src) as s:

@@ -6,8 +6,9 @@ import math
 import pytest
 
 import space
-from autotune import compare, compare_report
-from autotune import landscape as landscape_mod
+from autotune.search import sampler_comparison as compare
+from autotune.search import comparison_report as compare_report
+from autotune.landscapes import landscape_file as landscape_mod
 from autotune.cli import main
 from landscape_fixtures import small_landscape
 

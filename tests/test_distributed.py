@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 import search_doubles
-from autotune import trial as trial_mod
-from autotune.claims import Claims
-from autotune.search import SearchOptions, run_search
+from autotune.search import verdicts as trial_mod
+from autotune.store.claims import Claims
+from autotune.search.loop import SearchOptions, run_search
 from pg_server import pg_server, postgres_url  # noqa: F401  (pytest fixtures)
 from test_search import A, A_Q, ARCH, B, C, E, PROBLEM, SHAPE
 from test_cli_search import SHAPE_ARGS
@@ -55,7 +55,7 @@ def enqueue(url: str, configs, name: str = "d") -> None:
     """Queue these exact trials (repeats included: two workers may then pop the same config at once)."""
     import optuna
 
-    from autotune.sampling import SearchSpace
+    from autotune.search.sampling import SearchSpace
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=name, storage=url, direction="maximize", load_if_exists=True)
@@ -175,7 +175,7 @@ def test_a_worker_killed_mid_trial_is_retried_and_the_study_completes(postgres_u
 
 
 def study_config(t):
-    from autotune.sampling import SearchSpace
+    from autotune.search.sampling import SearchSpace
 
     return SearchSpace(PROBLEM, ARCH).config_of(t.params)
 
@@ -262,7 +262,7 @@ def completed(url: str) -> list:
 
 def test_workers_on_sqlite_are_refused_with_a_pointer_to_postgresql(tmp_path, build_cache_dir, double, capsys):
     from autotune.cli import main
-    from autotune.workers import SqliteWorkersError
+    from autotune.search.distributed import SqliteWorkersError
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     with pytest.raises(SqliteWorkersError, match="PostgreSQL"):
@@ -278,7 +278,7 @@ def test_sqlite_single_process_requeues_a_dead_runs_trial_once(tmp_path, build_c
     """The solo rule: a trial left RUNNING (process killed) is failed at the next start and retried once."""
     url = f"sqlite:///{tmp_path / 's.db'}"
     enqueue(url, [A])
-    from autotune.sampling import SearchSpace
+    from autotune.search.sampling import SearchSpace
 
     orphan = load(url).ask()           # as if a run died while timing A
     assert SearchSpace(PROBLEM, ARCH).suggest(orphan) == A
@@ -294,7 +294,7 @@ def test_sqlite_single_process_requeues_a_dead_runs_trial_once(tmp_path, build_c
 # ---- the pieces ---------------------------------------------------------------------------------------------
 
 def test_claims_one_winner_take_over_only_from_the_owner_seen(postgres_url):
-    from autotune.claims import Owner
+    from autotune.store.claims import Owner
 
     a, b = Claims(postgres_url), Claims(postgres_url)
     assert a.claim(1, "k", trial_id=10, trial_number=0) is None
@@ -323,7 +323,7 @@ def test_a_result_told_after_another_process_failed_the_trial_is_kept(postgres_u
 
 
 def test_a_ctrl_c_inside_a_critical_section_waits_for_its_end():
-    from autotune import interrupts
+    from autotune.measure import interrupts
 
     done = []
     with interrupts.deferred_interrupts():
@@ -339,7 +339,7 @@ def test_a_ctrl_c_inside_a_critical_section_waits_for_its_end():
 
 
 def test_devices_for_workers(monkeypatch):
-    from autotune.workers import assign, visible_devices
+    from autotune.search.distributed import assign, visible_devices
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert visible_devices(None, 2) == ["0", "1"] and visible_devices(None, None) == ["0"]

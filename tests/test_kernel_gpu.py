@@ -11,10 +11,10 @@ Design: a covering set, not a cross product.
     seqlen_q < seqlen_k and seqlen_q > seqlen_k, GQA 4:1, the (B, N, H, D) layout (non-standard strides), and lse.
 So every axis value meets every problem dimension (head_dim, dtype, causal, each seqlen, GQA, layout) at least
 once; `test_covering_set_*` and `test_cases_*` (CPU) check exactly that. Each check runs in a child process
-(autotune.worker), so a kernel that faults or hangs fails its own test and the matrix goes on. That the checker
+(autotune.measure.child_process), so a kernel that faults or hangs fails its own test and the matrix goes on. That the checker
 can fail at all is tested on CPU in tests/test_check.py.
 
-Pass criterion (autotune.check): max error within 2× of PyTorch's own same-dtype error against the fp32
+Pass criterion (autotune.measure.check): max error within 2× of PyTorch's own same-dtype error against the fp32
 reference (floor: one ulp at 1.0), no NaN, every output element written, nothing written outside the tensor,
 identical results on two runs, and lse within 1e-3 where checked.
 """
@@ -135,7 +135,7 @@ def test_cases_cover_every_runtime_dimension():
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
-    from autotune.build import Builder
+    from autotune.build.builder import Builder
 
     cache = os.environ.get("AUTOTUNE_TEST_CACHE_DIR") or tmp_path_factory.mktemp("kernel-cache")
     results = Builder(ARCH, cache_dir=cache, jobs=os.cpu_count()).build([(c, p) for p, c in PLAN])
@@ -145,7 +145,7 @@ def builds(tmp_path_factory):
 @pytest.fixture(scope="module")
 def worker():
     """A child process for everything that launches our kernels: a fault or hang fails one test, not all."""
-    from autotune.worker import Worker
+    from autotune.measure.child_process import Worker
 
     w = Worker(warmup=("torch.cuda:init", ()))
     yield w
@@ -176,7 +176,7 @@ def test_kernel_matches_reference(builds, worker, problem, config, case):
     assert build.ok, f"{config.key} for {problem.key} did not build: {build.error}"
     shape = _shape_for(case, problem)
     seed = zlib.crc32(f"{problem.key}/{config.key}/{case.name}".encode())
-    result = _call(worker, "autotune.check:check", build, shape, seed, case.layout, case.lse, build=build.key)
+    result = _call(worker, "autotune.measure.check:check", build, shape, seed, case.layout, case.lse, build=build.key)
     assert result.ok, f"{config.key} on {shape.key} ({case.layout}, seed {seed}): {result.message}"
     assert result.unwritten == 0 and result.nan_count == 0 and result.out_of_bounds == 0
     assert (result.lse_error is not None) == case.lse
@@ -190,10 +190,10 @@ def test_evaluate_and_baselines_in_a_worker(builds, worker):
     problem = Problem(128, "fp16", False)
     build = builds[(problem, space.default_config(problem, ARCH, FAMILY))]
     shape = Shape(batch=1, heads=8, seqlen_q=1024)
-    ev = _call(worker, "autotune.measure:evaluate", build, shape, 0, "bhnd", False, 5, 20)
+    ev = _call(worker, "autotune.measure.evaluate:evaluate", build, shape, 0, "bhnd", False, 5, 20)
     assert ev.status == "complete", ev.reason
     assert ev.tflops > 0 and ev.median_ms > 0 and ev.n_reps >= 1 and ev.registers > 0 and ev.blocks_per_sm >= 1
-    timings, reasons = _call(worker, "autotune.measure:sdpa_baselines_with_reasons", shape, ("flash",), "bhnd", 5, 20)
+    timings, reasons = _call(worker, "autotune.measure.evaluate:sdpa_baselines_with_reasons", shape, ("flash",), "bhnd", 5, 20)
     assert timings["flash"] is not None, reasons
 
 
@@ -201,9 +201,9 @@ def test_evaluate_and_baselines_in_a_worker(builds, worker):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 def test_attention_with_allocates_outputs_and_rejects_bad_inputs(builds):
     # Last on purpose: this launches our kernel in the test process itself.
-    from autotune.launch_params import make_params
-    from autotune.loader import attention_with
-    from autotune.reference import reference_attention
+    from autotune.launch.params import make_params
+    from autotune.launch.loader import attention_with
+    from autotune.measure.reference import reference_attention
 
     problem = Problem(64, "bf16", True)
     build = builds[(problem, space.default_config(problem, ARCH, FAMILY))]

@@ -6,8 +6,8 @@ import json
 import pytest
 
 import space
-from autotune import landscape as landscape_mod
-from autotune.landscape import Landscape, LandscapeError, Row
+from autotune.landscapes import landscape_file as landscape_mod
+from autotune.landscapes.landscape_file import Landscape, LandscapeError, Row
 from landscape_fixtures import ARCH, SMALL_SHAPE, small_landscape
 
 

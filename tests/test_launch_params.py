@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from autotune.launch_params import (  # noqa: E402
+from autotune.launch.params import (  # noqa: E402
     LOG2_E, FlashFwdParams, make_params, validate_inputs,
 )
 from space import Problem  # noqa: E402

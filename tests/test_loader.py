@@ -1,7 +1,7 @@
 """The loader's driver-API plumbing, against a fake cuda-python driver (the real launch is covered by the GPU tests).
 
 The fake records every call the way the real bindings take it; the launch itself goes straight to libcuda
-(autotune/libcuda.py), so the fake stands in for that ctypes function too, and reads the kernelParams void**
+(autotune/launch/libcuda.py), so the fake stands in for that ctypes function too, and reads the kernelParams void**
 array back out of memory: the test sees exactly the bytes the driver would copy to the GPU.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import space  # noqa: E402
-from autotune import loader  # noqa: E402
-from autotune.launch_params import FlashFwdParams, InputShape  # noqa: E402
+from autotune.launch import loader  # noqa: E402
+from autotune.launch.params import FlashFwdParams, InputShape  # noqa: E402
 
 
 class CUresult(enum.IntEnum):
@@ -89,7 +89,7 @@ class FakeDriver:
         return Handle(handle)
 
     def launch_kernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-        """libcuda's cuLaunchKernel as autotune.libcuda binds it: raw handle ints and a ctypes void* array."""
+        """libcuda's cuLaunchKernel as autotune.launch.libcuda binds it: raw handle ints and a ctypes void* array."""
         pointers = params
         struct = FlashFwdParams.from_buffer_copy(ctypes.string_at(pointers[0], ctypes.sizeof(FlashFwdParams)))
         self.launches.append(dict(f=f, grid=(gx, gy, gz), block=(bx, by, bz), smem=smem, stream=int(stream),

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune import nvcc as nvcc_mod
-from autotune.nvcc import NvccNotFoundError, find_nvcc, nvcc_version
+from autotune.build import nvcc as nvcc_mod
+from autotune.build.nvcc import NvccNotFoundError, find_nvcc, nvcc_version
 
 
 def fake_cuda_home(root: Path, version_line: str = "Cuda compilation tools, release 99.1, V99.1.1") -> Path:

@@ -1,4 +1,4 @@
-"""FlashAttention-4 as a peer (autotune.peer_fa4), on CPU: it is reported as unavailable with the install hint
+"""FlashAttention-4 as a peer (autotune.measure.peer_fa4), on CPU: it is reported as unavailable with the install hint
 rather than failing the baselines; its name survives the evaluator process boundary as "fa4" (not "sdpa_fa4");
 the summary and `autotune bench` rate ours against the fastest peer."""
 from __future__ import annotations
@@ -10,7 +10,9 @@ import types
 import pytest
 
 import space
-from autotune import measure, peer_fa4, worker
+from autotune.measure import child_process as worker
+from autotune.measure import evaluate as measure
+from autotune.measure import peer_fa4
 from autotune.commands import bench_cmd
 
 SHAPE = space.Shape(batch=1, heads=2, seqlen_q=256, head_dim=128)
@@ -63,7 +65,7 @@ def test_measure_declares_what_it_times():
 
 
 def test_summary_rates_the_winner_against_the_fastest_peer():
-    from autotune.summary import format_result
+    from autotune.search.progress import format_result
 
     class Outcome:
         tflops, status = 600.0, "complete"

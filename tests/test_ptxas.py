@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.ptxas import BuildReport, PtxasParseError, parse_functions, parse_report
+from autotune.build.ptxas import BuildReport, PtxasParseError, parse_functions, parse_report
 
 DATA = Path(__file__).parent / "data" / "ptxas"
 ENTRY = "flash_fwd_mma_sync"

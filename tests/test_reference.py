@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from autotune.reference import reference_attention  # noqa: E402
+from autotune.measure.reference import reference_attention  # noqa: E402
 
 
 def rand(*shape, seed=0, dtype=torch.float32):

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 import space
-from autotune import landscape as landscape_mod
+from autotune.landscapes import landscape_file as landscape_mod
 from autotune.cli import main
-from autotune.replay import MissingConfigError, NullStore, ReplayBuilder, ReplayError, ReplayEvaluator
-from autotune.search import SearchOptions, run_search
+from autotune.landscapes.replay import MissingConfigError, NullStore, ReplayBuilder, ReplayError, ReplayEvaluator
+from autotune.search.loop import SearchOptions, run_search
 from landscape_fixtures import ARCH, SMALL_SHAPE, small_landscape
 
 PROBLEM = SMALL_SHAPE.problem

@@ -467,7 +467,7 @@ def test_dashboard_refuses_a_missing_database(monkeypatch, tmp_path, capsys):
 
 # ------------------------------------------------------------------------ the real search, doubled GPU
 class FakeBuilder:
-    """Stands in for autotune.build.Builder without nvcc: plausible ptxas figures, a cubin file per config."""
+    """Stands in for autotune.build.builder.Builder without nvcc: plausible ptxas figures, a cubin file per config."""
 
     jobs = 2
     nvcc_version = "fake nvcc"
@@ -476,8 +476,8 @@ class FakeBuilder:
         self.arch, self.out = arch, out
 
     def build(self, items, progress=None):
-        from autotune.build import BuildResult
-        from autotune.ptxas import BuildReport
+        from autotune.build.builder import BuildResult
+        from autotune.build.ptxas import BuildReport
 
         results = []
         for config, problem in items:
@@ -495,8 +495,8 @@ def test_report_of_a_search_with_test_doubles(tmp_path, monkeypatch):
     as the search's own summary does. The evaluator double runs in the search's child process."""
     import json
 
-    from autotune import studies
-    from autotune.search import SearchOptions, run_search
+    from autotune.search import study as studies
+    from autotune.search.loop import SearchOptions, run_search
 
     shape = space.Shape(batch=1, heads=2, seqlen_q=256, head_dim=64)
     arch = space.get_arch("sm_80")

@@ -10,15 +10,16 @@ from pathlib import Path
 import pytest
 
 import space
-from autotune import runtime, storage_url
-from autotune.launch_params import FlashFwdParams
-from autotune.store import BestEntry, BestStore
+from autotune.runtime import lookup as runtime
+from autotune.store import storage_url
+from autotune.launch.params import FlashFwdParams
+from autotune.store.best_table import BestEntry, BestStore
 
 torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 import autotune  # noqa: E402
-from autotune import op  # noqa: E402
+from autotune.runtime import attention_op as op  # noqa: E402
 
 GPU = "FAKE GPU (tests only)"
 ARCH = space.get_arch("sm_90")
@@ -267,7 +268,7 @@ def test_the_checked_in_fixture_table_reads_and_is_fake():
 
 def test_the_shipped_tables_live_in_studies_tuned_of_the_checkout():
     found = runtime.shipped_tables_dir()
-    assert found == Path(runtime.__file__).resolve().parent.parent / "studies" / "tuned"
+    assert found == Path(runtime.__file__).resolve().parents[2] / "studies" / "tuned"
     assert (found / "README.md").is_file()
 
 
@@ -294,10 +295,10 @@ def test_a_warm_selection_does_no_db_or_disk_work(tmp_path, db, sql_statements, 
     tables = shipped_dir(tmp_path, entry(shape(n=8192), CFG_B))
     sql_statements.clear()
     reads = []
-    import autotune.store
+    import autotune.store.best_table
 
-    real_read = autotune.store.read_export
-    monkeypatch.setattr(autotune.store, "read_export", lambda p: reads.append(p) or real_read(p))
+    real_read = autotune.store.best_table.read_export
+    monkeypatch.setattr(autotune.store.best_table, "read_export", lambda p: reads.append(p) or real_read(p))
 
     first = select(shape(n=1024), db, tables)
     assert sql_statements and reads  # the cold selection did read both
@@ -353,7 +354,7 @@ class _FakeBuild:
 
 
 def test_resolve_falls_back_to_the_default_when_a_tuned_config_fails_to_build(db, monkeypatch):
-    import autotune.loader
+    import autotune.launch.loader
 
     store_rows(db, entry(shape(), CFG_A))
     monkeypatch.setattr(runtime, "device_info", lambda device: (GPU, ARCH))
@@ -371,7 +372,7 @@ def test_resolve_falls_back_to_the_default_when_a_tuned_config_fails_to_build(db
             return ("kernel", device)
 
     monkeypatch.setattr(runtime, "build", fake_build)
-    monkeypatch.setattr(autotune.loader, "KernelRunner", FakeRunner)
+    monkeypatch.setattr(autotune.launch.loader, "KernelRunner", FakeRunner)
     with pytest.warns(runtime.InvalidRowWarning, match="failed to build"):
         plan = runtime.resolve(0, shape(), db)
     assert built == [CFG_A, DEFAULT]
@@ -380,10 +381,11 @@ def test_resolve_falls_back_to_the_default_when_a_tuned_config_fails_to_build(db
     assert runtime.resolve(0, shape(), db) is plan and len(built) == 2  # memoized by (device, shape, storage)
 
 
-# ---- the per-call memo of autotune.op (the loader's kernel is a stand-in that records launches) ---------------
+# ---- the per-call memo of autotune.runtime.attention_op (the loader's kernel is a stand-in that records launches) ---------------
 
 def test_warm_calls_reuse_the_prepared_launch_and_only_swap_pointers(monkeypatch):
-    from autotune import launch_params, loader
+    from autotune.launch import params as launch_params
+    from autotune.launch import loader
 
     launches, resolved = [], []
 
@@ -446,7 +448,8 @@ def test_warm_calls_reuse_the_prepared_launch_and_only_swap_pointers(monkeypatch
 def test_extra_kernel_arguments_are_encoded_for_each_calls_tensors(monkeypatch):
     """Extra arguments (the wgmma family's TMA descriptors) embed the tensors' addresses: they are made anew for
     every call, while the parameter block is still only copied and re-pointed."""
-    from autotune import launch_params, loader
+    from autotune.launch import params as launch_params
+    from autotune.launch import loader
 
     launched, encoded = [], []
 

@@ -2,7 +2,7 @@
 causal with Nq != Nk; fp16/bf16; d64/d128/d256; (B,N,H,D) memory through transpose), eager and under
 torch.compile(fullgraph=True); lse matches; warm calls with new tensors stay right; misaligned input raises.
 
-Tolerance as in autotune/check.py: torch's own same-dtype error (SDPA on the same inputs, k/v heads repeated for
+Tolerance as in autotune/measure/check.py: torch's own same-dtype error (SDPA on the same inputs, k/v heads repeated for
 GQA) against the same fp32 reference sets the bar: max_error <= 2 × max(torch_error, one ulp at 1.0)."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import autotune  # noqa: E402
-from autotune import op  # noqa: E402
-from autotune.reference import reference_attention  # noqa: E402
+from autotune.runtime import attention_op as op  # noqa: E402
+from autotune.measure.reference import reference_attention  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -1,4 +1,4 @@
-"""autotune/sass.py and `autotune sass`: basic blocks, natural loops and the hot loop, on hand-made instruction
+"""autotune/build/sass.py and `autotune sass`: basic blocks, natural loops and the hot loop, on hand-made instruction
 lists and on real builds of both kernel families (nvdisasm from the nvidia-cuda-nvdisasm wheel of the test extra)."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 
 import space
-from autotune import sass
-from autotune.sass import Instruction
+from autotune.build import sass
+from autotune.build.sass import Instruction
 
 ARCH = space.get_arch("sm_90")
 
@@ -95,7 +95,7 @@ def test_missing_nvdisasm_says_where_it_looked(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.setattr(sass, "_wheel_candidates", lambda: [])
-    monkeypatch.setattr("autotune.nvcc.find_nvcc", lambda: tmp_path / "bin" / "nvcc")
+    monkeypatch.setattr("autotune.build.nvcc.find_nvcc", lambda: tmp_path / "bin" / "nvcc")
     with pytest.raises(sass.NvdisasmNotFoundError, match="pip install nvidia-cuda-nvdisasm"):
         sass.find_nvdisasm()
 
@@ -110,7 +110,7 @@ def _nvdisasm():
 
 
 def _build(config, problem, cache):
-    from autotune.build import Builder
+    from autotune.build.builder import Builder
 
     result = Builder(ARCH, cache_dir=cache, extra_flags=["-lineinfo"]).build_one(config, problem)
     assert result.ok, result.error

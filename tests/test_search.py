@@ -15,13 +15,13 @@ import pytest
 
 import space
 import search_doubles
-from autotune import trial as trial_mod
-from autotune.build import Builder, sources_digest
-from autotune.sampling import SearchSpace, make_sampler
-from autotune.search import SearchOptions, run_search
-from autotune.store import BestStore
-from autotune.summary import format_result
-from autotune.trial import SpillPolicy
+from autotune.search import verdicts as trial_mod
+from autotune.build.builder import Builder, sources_digest
+from autotune.search.sampling import SearchSpace, make_sampler
+from autotune.search.loop import SearchOptions, run_search
+from autotune.store.best_table import BestStore
+from autotune.search.progress import format_result
+from autotune.build.spill_policy import SpillPolicy
 
 ARCH = space.get_arch("sm_80")
 SHAPE = space.Shape(batch=1, heads=2, seqlen_q=256, head_dim=128)
@@ -216,7 +216,7 @@ def test_spill_policy_allow_evaluates_a_spilling_build(tmp_path, spy, double):
 
 
 def test_spill_policy_parsing_and_thresholds():
-    from autotune.ptxas import BuildReport
+    from autotune.build.ptxas import BuildReport
 
     report = BuildReport(registers=128, spill_stores=176, spill_loads=276, stack_bytes=160, smem_static=0,
                          compile_seconds=1.0)
@@ -337,7 +337,7 @@ def test_an_interrupt_fails_the_trials_in_flight(tmp_path, double):
 
 
 def test_a_study_of_another_shape_is_refused(tmp_path, spy, double):
-    from autotune.studies import StudyMismatchError
+    from autotune.search.study import StudyMismatchError
 
     enqueue(storage(tmp_path), "t", [INVALID])
     search(tmp_path, spy, trials=1, max_asks=1)
@@ -481,7 +481,7 @@ class FakeStages:
 
 
 def test_pipeline_overlaps_asking_building_and_evaluating():
-    from autotune.scheduler import Pipeline
+    from autotune.search.pipeline import Pipeline
 
     stages = FakeStages(24)
     pipeline = Pipeline(stages, batch_size=3)
@@ -502,7 +502,7 @@ def test_pipeline_overlaps_asking_building_and_evaluating():
 def test_pipeline_lookahead_stays_bounded_when_builds_are_instant():
     """Cached builds take milliseconds: the pipeline must still not ask the whole budget ahead of the GPU (with
     several workers on one study, the first one would hold every trial and the others would sit idle)."""
-    from autotune.scheduler import Pipeline
+    from autotune.search.pipeline import Pipeline
 
     class Counting(FakeStages):
         max_in_flight = 0
@@ -521,7 +521,7 @@ def test_pipeline_lookahead_stays_bounded_when_builds_are_instant():
 
 
 def test_pipeline_stop_lets_the_running_evaluation_finish_and_returns_the_rest():
-    from autotune.scheduler import Pipeline
+    from autotune.search.pipeline import Pipeline
 
     stages = FakeStages(40, build_s=0.05, stop_after=3)
     leftovers = Pipeline(stages, batch_size=4).run()
@@ -535,7 +535,7 @@ def test_pipeline_stop_lets_the_running_evaluation_finish_and_returns_the_rest()
 def test_abandon_fails_the_trial_even_when_writing_the_reason_fails(tmp_path):
     import optuna
 
-    from autotune import peers
+    from autotune.search import coordination as peers
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'a.db'}")
@@ -553,7 +553,7 @@ def test_abandon_fails_the_trial_even_when_writing_the_reason_fails(tmp_path):
 
 
 def test_a_second_ctrl_c_before_the_clean_up_does_not_skip_it():
-    from autotune.search import _abandon_through_interrupts
+    from autotune.search.loop import abandon_through_interrupts as _abandon_through_interrupts
 
     class Loop:
         def __init__(self):

@@ -16,7 +16,7 @@ import re
 import pytest
 
 import space
-from autotune.build import Builder
+from autotune.build.builder import Builder
 
 ARCH = space.get_arch("sm_90")
 FAMILY = space.get_family("mma_sync")

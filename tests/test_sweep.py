@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 import space
-from autotune import landscape as landscape_mod
-from autotune import measure, sweep_eval
-from autotune.build import BuildResult
+from autotune.landscapes import landscape_file as landscape_mod
+from autotune.measure import evaluate as measure
+from autotune.landscapes import sweep_eval
+from autotune.build.builder import BuildResult
 from autotune.cli import main
-from autotune.ptxas import BuildReport
-from autotune.sweep import SweepError, SweepOptions, run_sweeps
-from autotune.worker import EvalOutcome
+from autotune.build.ptxas import BuildReport
+from autotune.landscapes.sweep import SweepError, SweepOptions, run_sweeps
+from autotune.measure.child_process import EvalOutcome
 from landscape_fixtures import ARCH, SMALL_SHAPE
 
 CONFIGS = sorted(space.valid_configs(SMALL_SHAPE.problem, ARCH, ("wgmma",)), key=lambda c: c.key)
@@ -171,8 +172,10 @@ class _Runner:
 
 
 def _fake_gpu(monkeypatch, check_ok=True, bench_raises=False):
-    from autotune import check, loader, timing
-    from autotune.timing import Timing
+    from autotune.measure import check
+    from autotune.launch import loader
+    from autotune.measure import timing
+    from autotune.measure.timing import Timing
 
     calls = []
 
@@ -281,7 +284,7 @@ def test_the_h200_recording_script_writes_into_out(build_cache_dir, capsys, tmp_
 def test_the_worker_warmup_imports_what_evaluations_need(monkeypatch):
     import torch
 
-    from autotune import loader
+    from autotune.launch import loader
 
     seen = []
     monkeypatch.setattr(torch.cuda, "init", lambda: seen.append("init"))

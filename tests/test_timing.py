@@ -1,9 +1,9 @@
-"""The statistics and repetition planning behind autotune.timing.bench (the CUDA-event loop itself is GPU-only)."""
+"""The statistics and repetition planning behind autotune.measure.timing.bench (the CUDA-event loop itself is GPU-only)."""
 from __future__ import annotations
 
 import pytest
 
-from autotune.timing import MAX_REPS, plan_reps, summarize
+from autotune.measure.timing import MAX_REPS, plan_reps, summarize
 
 
 def test_summarize_reports_median_percentiles_and_min():
@@ -31,7 +31,7 @@ def test_plan_reps_scales_with_the_estimate():
 def test_bench_flushes_outside_the_timed_region_and_times_each_rep(monkeypatch):
     """The CUDA-event loop, with torch.cuda replaced by recorders: the order of work on the stream is the point."""
     torch = pytest.importorskip("torch")
-    from autotune import timing
+    from autotune.measure import timing
 
     stream: list[str] = []
 

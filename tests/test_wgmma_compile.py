@@ -50,7 +50,7 @@ def sample() -> tuple[dict, list]:
 
 @pytest.fixture(scope="module")
 def verdicts(build_cache_dir):
-    from autotune.build import Builder
+    from autotune.build.builder import Builder
 
     invalid, valid = sample()
     items = valid + [(c, p) for picks in invalid.values() for c, p, _ in picks]
@@ -139,7 +139,7 @@ def test_generated_wgmma_wrappers_are_current():
 
 
 def test_tensor_map_geometry_bhnd_and_bnhd():
-    from autotune.tma import tensor_map_geometry
+    from autotune.launch.tma import tensor_map_geometry
 
     b, h, n, d = 2, 8, 1000, 128
     dims, strides, box = tensor_map_geometry((b, h, n, d), (h * n * d, n * d, d, 1), 2, 4096, 176)
@@ -160,7 +160,7 @@ def test_tensor_map_geometry_bhnd_and_bnhd():
     ((1, 2, 16, 128), (4096, 2048, 128, 1), 0, 300, "box_rows"),
 ])
 def test_tensor_map_geometry_rejects(shape, strides, ptr, box, match):
-    from autotune.tma import tensor_map_geometry
+    from autotune.launch.tma import tensor_map_geometry
 
     with pytest.raises(ValueError, match=match):
         tensor_map_geometry(shape, strides, 2, ptr, box)

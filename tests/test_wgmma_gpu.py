@@ -1,11 +1,11 @@
 """Correctness matrix of the wgmma family on a Hopper GPU (issue 8), through the project's own build → load →
-check path (autotune.check in an autotune.worker child, so a fault or hang fails one test, not the matrix).
+check path (autotune.measure.check in an autotune.measure.child_process child, so a fault or hang fails one test, not the matrix).
 
 Configs: a fixed ladder from the plainest producer/consumer kernel to the FA3-style combinations (setmaxnreg,
 intra-warpgroup overlap, ping-pong, 3 consumer warpgroups, non-power-of-two Bc, 2-4 stages, 2 CTAs per SM), plus
 each problem's default; every problem runs the ladder's configs that space/ finds valid for it (≥ 10 each).
 Cases: seqlen 1/17/128/1000/4096, seqlen_q < seqlen_k and >, GQA 4:1, (B,N,H,D) strides, lse.
-The loader must pass autotune.tma.launch_extra_args(config, q, k, v) after the parameter block.
+The loader must pass autotune.launch.tma.launch_extra_args(config, q, k, v) after the parameter block.
 """
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def test_ladder_covers_every_axis_value():
 
 
 def test_tensor_maps_follow_the_config():
-    from autotune.tma import launch_extra_args
+    from autotune.launch.tma import launch_extra_args
 
     assert launch_extra_args(space.default_config(Problem(), ARCH, "mma_sync"), None, None, None) == ()
     with pytest.raises(ValueError, match="CUDA tensor"):
@@ -96,7 +96,7 @@ def test_tensor_maps_follow_the_config():
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
-    from autotune.build import Builder
+    from autotune.build.builder import Builder
 
     cache = os.environ.get("AUTOTUNE_TEST_CACHE_DIR") or tmp_path_factory.mktemp("kernel-cache")
     results = Builder(ARCH, cache_dir=cache, jobs=os.cpu_count()).build([(c, p) for p, c in PLAN])
@@ -105,7 +105,7 @@ def builds(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def worker():
-    from autotune.worker import Worker
+    from autotune.measure.child_process import Worker
 
     w = Worker(warmup=("torch.cuda:init", ()))
     yield w
@@ -122,8 +122,8 @@ def test_wgmma_matches_reference(builds, worker, problem, config, case):
     assert not build.spilled, f"{config.key} for {problem.key} spills: {build.report}"
     shape = dataclasses.replace(case.shape, head_dim=problem.head_dim, dtype=problem.dtype, causal=problem.causal)
     seed = zlib.crc32(f"{problem.key}/{config.key}/{case.name}".encode())
-    result = worker.call("autotune.check:check", build, shape, seed, case.layout, case.lse, timeout=CHECK_TIMEOUT_S)
-    assert result.ok, f"autotune.check:check {result.status}: {result.reason}"
+    result = worker.call("autotune.measure.check:check", build, shape, seed, case.layout, case.lse, timeout=CHECK_TIMEOUT_S)
+    assert result.ok, f"autotune.measure.check:check {result.status}: {result.reason}"
     check = result.value
     assert check.ok, f"{config.key} on {shape.key} ({case.layout}, seed {seed}): {check.message}"
     assert check.unwritten == 0 and check.nan_count == 0 and check.out_of_bounds == 0

@@ -2,7 +2,7 @@
 FlashAttention-4 where it is installed (`pip install 'autotune[peers]'`; skipped with the reason otherwise).
 
 Every config is checked against the fp32 reference before it is timed (FlashAttention-4 against torch SDPA); all
-rows use one measurement discipline (autotune.timing.bench). TFLOPS = 4·B·H·Nq·Nk·D / time, halved for causal.
+rows use one measurement discipline (autotune.measure.timing.bench). TFLOPS = 4·B·H·Nq·Nk·D / time, halved for causal.
 "vs flash", "vs cuDNN", "vs FA4" and "vs best" are speed ratios (their time / ours; best: the fastest of those
 three): above 1 means faster than that kernel.
 """
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from autotune.measure import PEERS, evaluate, sdpa_baselines_with_reasons
+    from autotune.measure.evaluate import PEERS, evaluate, sdpa_baselines_with_reasons
 
     timing_args = dict(layout=args.layout, warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
     rows: list[dict] = []

@@ -63,7 +63,7 @@ def format_rows(rows) -> str:
 
 
 def explain(args: argparse.Namespace) -> int:
-    from autotune import runtime
+    from autotune.runtime import lookup as runtime
 
     if args.seqlen is None:
         print("autotune best: --explain needs --seqlen", file=sys.stderr)
@@ -93,11 +93,11 @@ def explain(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune import storage_url
+    from autotune.store import storage_url
 
     if args.explain:
         return explain(args)
-    from autotune.store import BestStore, StoreError
+    from autotune.store.best_table import BestStore, StoreError
 
     try:
         filters = filters_from_args(args)

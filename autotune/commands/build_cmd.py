@@ -21,8 +21,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.build import Builder
-    from autotune.nvcc import NvccNotFoundError
+    from autotune.build.builder import Builder
+    from autotune.build.nvcc import NvccNotFoundError
 
     problem = problem_from_args(args)
     arch = arch_from_args(args, "build")

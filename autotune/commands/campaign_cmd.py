@@ -2,7 +2,7 @@
 
 Each new shape first tries the best configs of the shapes already tuned nearby (same GPU, dtype, head_dim and
 causal flag; nearest by log2 seqlen and log2 batch·heads), then searches as `autotune search` does. Running the
-same campaign again resumes every study. The file format is in autotune/campaign.py and docs/distributed.md.
+same campaign again resumes every study. The file format is in autotune/search/campaign.py and docs/distributed.md.
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ INTERRUPTED = 130
 
 
 def add_parser(subparsers) -> None:
-    from autotune.campaign import DEFAULT_WARM_START
-    from autotune.peers import DEFAULT_GRACE, DEFAULT_HEARTBEAT
-    from autotune.sampling import SAMPLERS
-    from autotune.search import DEFAULT_EVAL_TIMEOUT, DEFAULT_TRIALS
+    from autotune.search.campaign import DEFAULT_WARM_START
+    from autotune.search.coordination import DEFAULT_GRACE, DEFAULT_HEARTBEAT
+    from autotune.search.sampling import SAMPLERS
+    from autotune.search.loop import DEFAULT_EVAL_TIMEOUT, DEFAULT_TRIALS
 
     p = subparsers.add_parser("campaign", help="tune a list of shapes from a file, warm-starting each from its "
                                                "tuned neighbours (needs a GPU)",
@@ -54,7 +54,7 @@ def _fail(message: str) -> int:
 
 
 def base_options(args: argparse.Namespace, shape):
-    from autotune.search import SearchOptions
+    from autotune.search.loop import SearchOptions
 
     gpus = tuple(d for d in args.gpus.split(",") if d.strip()) if args.gpus else None
     return SearchOptions(shape=shape, trials=args.trials, sampler=args.sampler, seed=args.seed, storage=args.storage,
@@ -64,7 +64,7 @@ def base_options(args: argparse.Namespace, shape):
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune import campaign
+    from autotune.search import campaign
 
     try:
         entries = campaign.load(args.file)
@@ -83,12 +83,12 @@ def run(args: argparse.Namespace) -> int:
 
 def execute(plans: list, needs_gpu: bool) -> int:
     """Run the plans and print the campaign table (shared with `autotune search` given several --seqlen)."""
-    from autotune import campaign
-    from autotune.search import SearchInterrupted
-    from autotune.summary import format_result
+    from autotune.search import campaign
+    from autotune.search.loop import SearchInterrupted
+    from autotune.search.progress import format_result
 
     if needs_gpu:
-        from autotune.gpu_arch import NoGpuError, detect_arch
+        from autotune.launch.gpu_arch import NoGpuError, detect_arch
 
         try:
             detect_arch()

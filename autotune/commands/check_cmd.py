@@ -45,7 +45,7 @@ def gpu_arch(args: argparse.Namespace, command: str) -> space.Arch | None:
     """The visible GPU's arch (kernels run here, so --arch can only confirm it); None after printing why not."""
     import torch
 
-    from autotune.gpu_arch import NoGpuError, detect_arch
+    from autotune.launch.gpu_arch import NoGpuError, detect_arch
 
     if not torch.cuda.is_available():
         print(f"autotune {command}: " + NO_GPU.format(command=command), file=sys.stderr)
@@ -88,8 +88,8 @@ def parse_config(key: str | None, problem: space.Problem, arch: space.Arch, comm
 
 def build_configs(configs: list[space.Config], problem: space.Problem, arch: space.Arch, cache_dir, command: str):
     """BuildResults in order, or None after printing why the builder could not run."""
-    from autotune.build import Builder, BuildError
-    from autotune.nvcc import NvccNotFoundError
+    from autotune.build.builder import Builder, BuildError
+    from autotune.build.nvcc import NvccNotFoundError
 
     try:
         return Builder(arch, cache_dir=cache_dir).build([(c, problem) for c in configs])
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"build    {build.status}{' (cached)' if build.cached else ''}: {r.registers} registers, "
           f"spills {r.spill_stores}/{r.spill_loads} B")
 
-    from autotune.check import check
+    from autotune.measure.check import check
 
     try:
         result = check(build, shape, seed=args.seed, layout=args.layout, check_lse=args.lse)

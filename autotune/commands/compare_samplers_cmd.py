@@ -1,8 +1,8 @@
 """`autotune compare-samplers`: which sampler finds the best kernel in fewest trials, on recorded landscapes.
 
 Simulates `autotune search` on each landscape (autotune sweep's files) with every sampler and many seeds, the
-GPU step answered by the replay (autotune/compare.py), and reports per sampler the trials needed to reach
-95/98/99 % of the landscape's optimum and the best found within the default budget. --markdown rewrites the
+GPU step answered by the replay (autotune/search/sampler_comparison.py), and reports per sampler the trials
+needed to reach 95/98/99 % of the landscape's optimum and the best found within the default budget. --markdown rewrites the
 generated section of a file (docs/search.md) and draws the plot next to it. No GPU, no nvcc.
 """
 from __future__ import annotations
@@ -16,8 +16,9 @@ USAGE_ERROR = 2
 
 
 def add_parser(subparsers) -> None:
-    from autotune.compare import BUDGET_MULTIPLE, DEFAULT_LAG, DEFAULT_SAMPLERS, DEFAULT_SEEDS, VARIANTS
-    from autotune.search import DEFAULT_TRIALS
+    from autotune.search.sampler_comparison import (BUDGET_MULTIPLE, DEFAULT_LAG, DEFAULT_SAMPLERS, DEFAULT_SEEDS,
+                                                    VARIANTS)
+    from autotune.search.loop import DEFAULT_TRIALS
 
     p = subparsers.add_parser("compare-samplers", help="compare samplers on recorded landscapes (no GPU)",
                               description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
@@ -54,9 +55,9 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune import compare_report
-    from autotune.compare import compare
-    from autotune.landscape import LandscapeError
+    from autotune.search import comparison_report as compare_report
+    from autotune.search.sampler_comparison import compare
+    from autotune.landscapes.landscape_file import LandscapeError
 
     jobs = args.jobs or os.cpu_count() or 1
     if jobs < 1:

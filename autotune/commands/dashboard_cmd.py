@@ -20,7 +20,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune import storage_url
+    from autotune.store import storage_url
 
     dashboard = _optuna_dashboard()
     if dashboard is None:

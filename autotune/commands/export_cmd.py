@@ -18,8 +18,8 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune import storage_url
-    from autotune.store import BestStore, StoreError
+    from autotune.store import storage_url
+    from autotune.store.best_table import BestStore, StoreError
 
     try:
         filters = filters_from_args(args)

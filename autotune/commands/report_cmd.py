@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
     import optuna
 
-    from autotune import storage_url
+    from autotune.store import storage_url
     from autotune.report import select, write_report
 
     url = existing_storage_url(args.storage, "report")
@@ -78,7 +78,7 @@ def _missing_extra() -> str | None:
 def existing_storage_url(explicit: str | None, command: str) -> str | None:
     """The resolved storage URL, or None (after saying why) when it is malformed or names a missing SQLite file:
     opening that would silently create an empty database and report "no studies"."""
-    from autotune import storage_url
+    from autotune.store import storage_url
 
     try:
         url = storage_url.resolve_storage_url(explicit)

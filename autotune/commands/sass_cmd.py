@@ -1,7 +1,7 @@
 """`autotune sass`: the hot loop of one config's SASS: instruction mix, basic blocks and source lines (no GPU).
 
 The config is built with -lineinfo (the same machine code, plus a line table; its own cache entry) and
-disassembled with nvdisasm; see autotune/sass.py for what "hot loop" means and how to read the blocks.
+disassembled with nvdisasm; see autotune/build/sass.py for what "hot loop" means and how to read the blocks.
 """
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune import sass
-    from autotune.build import Builder
-    from autotune.nvcc import NvccNotFoundError
+    from autotune.build import sass
+    from autotune.build.builder import Builder
+    from autotune.build.nvcc import NvccNotFoundError
 
     if args.top < 1:
         print(f"autotune sass: --top: expected a count ≥ 1, got {args.top}", file=sys.stderr)
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_kernel(kernel, args) -> None:
-    from autotune import sass
+    from autotune.build import sass
 
     print(f"kernel    {kernel.name}: {len(kernel.instructions)} instructions, {len(kernel.loops)} loop(s)")
     loop = kernel.hot_loop

@@ -67,9 +67,9 @@ def shape_from_args(args: argparse.Namespace, base: space.Shape | None = None) -
 
 
 def add_parser(subparsers) -> None:
-    from autotune.peers import DEFAULT_GRACE, DEFAULT_HEARTBEAT
-    from autotune.sampling import SAMPLERS
-    from autotune.search import DEFAULT_EVAL_TIMEOUT, DEFAULT_TRIALS
+    from autotune.search.coordination import DEFAULT_GRACE, DEFAULT_HEARTBEAT
+    from autotune.search.sampling import SAMPLERS
+    from autotune.search.loop import DEFAULT_EVAL_TIMEOUT, DEFAULT_TRIALS
 
     p = subparsers.add_parser("search", help="search the fastest kernel config for one shape (needs a GPU)",
                               description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
@@ -149,12 +149,12 @@ def _fail(message: str) -> int:
 
 def options_from_args(args: argparse.Namespace):
     """SearchOptions from the parsed arguments; ValueError names the argument at fault."""
-    from autotune.search import SearchOptions
-    from autotune.trial import SpillPolicy
+    from autotune.search.loop import SearchOptions
+    from autotune.build.spill_policy import SpillPolicy
 
     replay = None
     if args.replay is not None:
-        from autotune.landscape import load
+        from autotune.landscapes.landscape_file import load
 
         replay = load(args.replay)  # LandscapeError (a ValueError) names the file
     shape = shape_from_args(args, replay.shape if replay else None)
@@ -179,13 +179,13 @@ def options_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.build import BuildError
-    from autotune.nvcc import NvccNotFoundError
-    from autotune.replay import ReplayError
-    from autotune.search import SearchInterrupted, run_search
-    from autotune.studies import StudyMismatchError
-    from autotune.summary import format_result
-    from autotune.worker import EvaluatorError, WorkerStartError
+    from autotune.build.builder import BuildError
+    from autotune.build.nvcc import NvccNotFoundError
+    from autotune.landscapes.replay import ReplayError
+    from autotune.search.loop import SearchInterrupted, run_search
+    from autotune.search.study import StudyMismatchError
+    from autotune.search.progress import format_result
+    from autotune.measure.child_process import EvaluatorError, WorkerStartError
 
     seqlens = args.seqlen or [None]
     if len(seqlens) > 1:
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         return _fail(str(err))
     if args.evaluator is None and args.replay is None:
-        from autotune.gpu_arch import NoGpuError, detect_arch
+        from autotune.launch.gpu_arch import NoGpuError, detect_arch
 
         try:
             detect_arch()
@@ -230,11 +230,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _several_shapes(args: argparse.Namespace, seqlens: list[int]) -> int:
     """`--seqlen A B ...`: one study per shape, in order, each warm-started from those tuned before it (the
-    campaign machinery, autotune/campaign.py)."""
+    campaign machinery, autotune/search/campaign.py)."""
     import copy
     import dataclasses
 
-    from autotune.campaign import DEFAULT_WARM_START
+    from autotune.search.campaign import DEFAULT_WARM_START
     from autotune.commands.campaign_cmd import execute
 
     if args.study:

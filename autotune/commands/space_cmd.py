@@ -30,7 +30,7 @@ def problem_from_args(args: argparse.Namespace) -> space.Problem:
 
 def arch_from_args(args: argparse.Namespace, command: str) -> space.Arch | None:
     """The --arch value or the visible GPU's arch; prints why not and returns None when neither works."""
-    from autotune.gpu_arch import NoGpuError, resolve_arch
+    from autotune.launch.gpu_arch import NoGpuError, resolve_arch
 
     try:
         return resolve_arch(args.arch)
@@ -125,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compile(configs, problem, arch, args):
-    from autotune.build import Builder
-    from autotune.nvcc import NvccNotFoundError
+    from autotune.build.builder import Builder
+    from autotune.build.nvcc import NvccNotFoundError
 
     try:
         builder = Builder(arch, cache_dir=args.cache_dir, jobs=args.jobs)

@@ -1,7 +1,7 @@
 """`autotune sweep`: measure every valid config of one shape and save the landscape (studies/landscapes/).
 
 Builds all valid configs of the chosen families in parallel, then checks and times each one that built without
-spilling, in the search's evaluation worker with a lean measurement (autotune/sweep_eval.py); spilled,
+spilling, in the search's evaluation worker with a lean measurement (autotune/landscapes/sweep_eval.py); spilled,
 compile_error, wrong, crashed and timeout configs get rows too. Running it again resumes the file. The
 landscape feeds `autotune search --replay` and `autotune compare-samplers` (docs/search.md). Needs a CUDA GPU,
 except with --build-only.
@@ -17,7 +17,7 @@ FAILED = 1
 
 def add_parser(subparsers) -> None:
     from autotune.commands.search_cmd import add_shape_arguments
-    from autotune.sweep import DEFAULT_EVAL_TIMEOUT
+    from autotune.landscapes.sweep import DEFAULT_EVAL_TIMEOUT
 
     p = subparsers.add_parser("sweep", help="measure every valid config of one shape into a landscape file (GPU)",
                               description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
@@ -47,7 +47,7 @@ def add_parser(subparsers) -> None:
     e.add_argument("--eval-timeout", type=float, default=DEFAULT_EVAL_TIMEOUT, metavar="SECONDS",
                    help=f"an evaluation taking longer is killed and recorded as timeout (default {DEFAULT_EVAL_TIMEOUT:g})")
     e.add_argument("--evaluator", default=None, metavar="MODULE:FUNCTION",
-                   help="for tests: evaluate with this function instead of autotune.sweep_eval:evaluate")
+                   help="for tests: evaluate with this function instead of autotune.landscapes.sweep_eval:evaluate")
     p.set_defaults(run=run)
 
 
@@ -59,8 +59,8 @@ def _fail(message: str) -> int:
 def options_from_args(args: argparse.Namespace):
     import space
     from autotune.commands.search_cmd import shape_from_args
-    from autotune.sweep import SWEEP_EVALUATOR, SweepOptions
-    from autotune.trial import SpillPolicy
+    from autotune.landscapes.sweep import SWEEP_EVALUATOR, SweepOptions
+    from autotune.build.spill_policy import SpillPolicy
 
     if args.arch is not None:
         space.get_arch(args.arch)
@@ -73,11 +73,11 @@ def options_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from autotune.build import BuildError
-    from autotune.landscape import LandscapeError
-    from autotune.nvcc import NvccNotFoundError
-    from autotune.sweep import SweepError, run_sweeps
-    from autotune.worker import EvaluatorError, WorkerStartError
+    from autotune.build.builder import BuildError
+    from autotune.landscapes.landscape_file import LandscapeError
+    from autotune.build.nvcc import NvccNotFoundError
+    from autotune.landscapes.sweep import SweepError, run_sweeps
+    from autotune.measure.child_process import EvaluatorError, WorkerStartError
 
     try:
         options = options_from_args(args)
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         return _fail(str(err))
     if args.evaluator is None and not args.build_only:
-        from autotune.gpu_arch import NoGpuError, detect_arch
+        from autotune.launch.gpu_arch import NoGpuError, detect_arch
 
         try:
             detect_arch()

@@ -276,7 +276,7 @@ def top_table_info(view: StudyView, limit: int = TOP_CONFIGS) -> TopTableInfo:
 
 
 # --------------------------------------------------------------------------------------------- outcomes
-REPEATED = "repeated"  # as autotune/studies.py's status_counts (and the search's summary) call them
+REPEATED = "repeated"  # as autotune/search/study.py's status_counts (and the search's summary) call them
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Every plot's data function takes a `StudyView`, never an `optuna.Study`, so the report reads the storage once
 and the data functions stay pure (tests can build a view by hand). Field names are those of docs/CONTRACTS.md
-("Trial user attributes") and of autotune/trial.py, which writes them:
+("Trial user attributes") and of autotune/search/verdicts.py, which writes them:
 
 * every outcome but `complete` is a PRUNED trial with `status` and `reason`; a FAIL trial without `status` was
   cancelled (interrupt, --timeout) before it was judged;
@@ -27,7 +27,7 @@ import space
 # The search's outcomes, in the order the report lists them (docs/CONTRACTS.md: user attr `status`).
 STATUSES = ("complete", "invalid", "spilled", "compile_error", "wrong", "crashed", "timeout")
 # Trials without a `status` attr (still running, cancelled, or told by something else): their Optuna state,
-# named as autotune/studies.py's status_counts names them.
+# named as autotune/search/study.py's status_counts names them.
 _STATE_STATUS = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "cancelled",
                  TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}
 _INT_ATTRS = ("registers", "spill_stores", "spill_loads", "stack_bytes", "smem_bytes", "threads", "blocks_per_sm")

@@ -1,7 +1,7 @@
 """A small, realistic study for the report tests, written with Optuna directly (no GPU, no search pipeline).
 
 Configs come from space/ (the mma_sync axes and their domains, d128 fp16 on sm_90); outcomes and attrs follow
-docs/CONTRACTS.md and autotune/trial.py: `invalid` configs are PRUNED with the rules they break, builds whose
+docs/CONTRACTS.md and autotune/search/verdicts.py: `invalid` configs are PRUNED with the rules they break, builds whose
 accumulators exceed the launch-bounds register cap are `spilled`, a few built configs are `wrong`, `crashed`
 or `timeout`, the rest `complete` with value = TFLOPS, and a few trials repeat an earlier config
 (`duplicate_of`, result copied). Everything is a deterministic function of the seed; `build` returns what the
@@ -101,7 +101,7 @@ def build(storage: str, name: str = STUDY_NAME, n_valid: int = 40, n_invalid: in
     trials, clean_builds = [], 0
 
     def add(number, params, status, attrs, value):
-        state = {"complete": TrialState.COMPLETE}.get(status, TrialState.PRUNED)  # as autotune/trial.py tells
+        state = {"complete": TrialState.COMPLETE}.get(status, TrialState.PRUNED)  # as autotune/search/verdicts.py tells
         t0 = start + dt.timedelta(seconds=30 * number)
         trial = create_trial(params=params, distributions=dists, value=value, state=state,
                              user_attrs={**attrs, "status": status})

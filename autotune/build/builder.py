@@ -1,0 +1,464 @@
+"""Config → cubin: many configs at once through a generated build.ninja, behind a content-addressed cache.
+
+One build target is one nvcc call:
+
+    nvcc -cubin -O3 -std=c++17 -gencode=<arch> -Xptxas -v [extra flags] -I<kernels dir> -D... <family source>
+
+run under `timeout` by a small wrapper script that writes the compiler's output into a per-target log and the
+exit code and wall time next to it. ninja runs the targets in parallel with `-k 0` (a failing config does not
+stop the others) and reports each target as it finishes, which drives the progress callback.
+
+Cache: key = sha256 of (every kernel source file under the kernels dir, the sorted -D flags, the nvcc flags,
+the family's source file and entry, the nvcc version, the arch gencode). An entry is the directory
+`<cache>/<key[:2]>/<key>/` with `kernel.cubin` (absent on failure), `ptxas.log` and `meta.json`. Entries are
+built in a private work directory and renamed into place, so a reader never sees a half-written entry and
+two processes building the same key at once cannot corrupt it. Compile failures are cached too (they are a
+property of the sources, like successes); timeouts and a compiler that could not start are not.
+
+Configs that `space.violations` rejects never reach nvcc: they come back as `ok=False` results whose
+`rejected_by` names the rules (and whose `error` gives the rules' messages). `check_rules=False` turns that
+off so tests can ask the compiler for its own verdict on invalid configs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import space
+from space import Arch, Config, Problem
+
+from .nvcc import find_nvcc, nvcc_version
+from .ptxas import BuildReport, PtxasParseError, parse_report
+
+BASE_FLAGS = ("-cubin", "-O3", "-std=c++17", "-Xptxas", "-v")
+CUBIN, LOG, META = "kernel.cubin", "ptxas.log", "meta.json"
+# Exit codes that say nothing about the sources: timeout(1)'s "timed out" (124, 137 after -k) and the shell's
+# "cannot execute" / "not found" (126, 127). Such failures are reported but never cached.
+TIMEOUT_CODES = (124, 137)
+# nvcc ended by SIGHUP/SIGINT/SIGQUIT/SIGTERM (128 + signal): a Ctrl-C'd or stopped search, not a verdict on
+# the config; cached, it would come back as a compile error when the search resumes.
+SIGNALLED_CODES = (129, 130, 131, 143)
+UNCACHEABLE_CODES = TIMEOUT_CODES + (126, 127) + SIGNALLED_CODES
+
+Progress = Callable[[int, int, "BuildResult"], None]
+
+
+class BuildError(RuntimeError):
+    """The build machinery itself failed (not a config's compile error): ninja missing or crashing, bad paths."""
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    config: Config
+    problem: Problem
+    arch: Arch
+    ok: bool
+    cubin_path: Path | None
+    report: BuildReport | None
+    error: str | None
+    cached: bool
+    key: str | None              # cache key; None for configs rejected before compiling
+    cubin_hash: str | None = None  # sha256 of the cubin: equal hashes need timing only once
+    rejected_by: tuple[str, ...] = ()  # space rules that rejected the config (then nvcc never ran)
+    log_path: Path | None = None   # the compiler's full output
+
+    @property
+    def spilled(self) -> bool:
+        return bool(self.report and self.report.spilled)
+
+    @property
+    def status(self) -> str:
+        """'invalid' (rejected by space rules), 'compile_error', 'spilled' or 'compiled'."""
+        if self.rejected_by:
+            return "invalid"
+        if not self.ok:
+            return "compile_error"
+        return "spilled" if self.spilled else "compiled"
+
+    @property
+    def layout(self) -> space.Layout:
+        return space.layout(self.config, self.problem)
+
+    def cubin_bytes(self) -> bytes:
+        if not self.ok or self.cubin_path is None:
+            raise ValueError(f"{self.config.key}: no cubin, the build failed: {self.error}")
+        return self.cubin_path.read_bytes()
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("AUTOTUNE_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "autotune" / "kernels"
+
+
+def default_kernels_dir() -> Path:
+    """The kernel sources next to this package when it runs from a source checkout (so a checkout always builds
+    its own kernels, whichever checkout an editable install points at), else the shipped package data
+    `autotune._kernels`."""
+    import importlib.resources
+
+    repo_kernels = Path(__file__).resolve().parents[2] / "kernels"
+    if (repo_kernels / "common").is_dir() and (repo_kernels.parent / "pyproject.toml").is_file():
+        return repo_kernels
+    try:
+        return Path(str(importlib.resources.files("autotune._kernels")))
+    except ModuleNotFoundError:
+        raise BuildError("kernels_dir: package data autotune._kernels not found; reinstall autotune "
+                         "or pass kernels_dir=<path to kernels/>") from None
+
+
+_QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def family_sources(kernels_dir: Path, source: str) -> list[Path]:
+    """The files a family's kernel is compiled from: its source and every file it includes with quotes,
+    transitively (kernels/ includes only its own headers that way; system headers use <...>)."""
+    root = Path(kernels_dir).resolve()
+    seen: set[Path] = set()
+    todo = [root / source]
+    while todo:
+        path = todo.pop().resolve()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        for name in _QUOTED_INCLUDE.findall(path.read_text(errors="replace")):
+            todo.append(path.parent / name)
+    return sorted(seen)
+
+
+def sources_digest(kernels_dir: Path, sources: Iterable[str]) -> str:
+    """sha256 over the kernel files (relative path and contents) that `sources` (family source paths relative
+    to kernels_dir) are compiled from.
+
+    Per family, an edit to one family's files leaves the other families' cache entries and study provenance
+    alone (a kernel writer iterating on sm80/ does not rebuild every sm90 variant)."""
+    kernels_dir = Path(kernels_dir).resolve()
+    files = sorted({f for src in sources for f in family_sources(kernels_dir, src)})
+    h = hashlib.sha256()
+    for path in files:
+        rel = Path(os.path.relpath(path, kernels_dir)).as_posix()  # '../x.h' for an include from outside
+        data = path.read_bytes()
+        h.update(f"{rel}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+def define_flags(config: Config, problem: Problem) -> list[str]:
+    return [f"-D{name}={value}" for name, value in sorted(space.defines(config, problem).items())]
+
+
+def _ninja_command() -> list[str]:
+    try:
+        import ninja
+
+        binary = Path(ninja.BIN_DIR) / "ninja"
+        if binary.is_file():
+            return [str(binary)]
+    except ImportError:
+        pass
+    found = shutil.which("ninja")
+    if found:
+        return [found]
+    raise BuildError("ninja not found: `pip install ninja` (the PyPI package ships the binary)")
+
+
+# Runs one compile: output into LOG, "exit_code milliseconds" into LOG.status. ninja's own .ninja_log only
+# records commands that succeeded, and failures need their time and exit code too.
+_WRAPPER = """\
+log=$1; limit=$2; shift 2
+start=$(date +%s%N)
+if command -v timeout >/dev/null 2>&1; then
+  timeout -k 10 "$limit" "$@" >"$log" 2>&1
+else
+  "$@" >"$log" 2>&1
+fi
+rc=$?
+end=$(date +%s%N)
+echo "$rc $(( (end - start) / 1000000 ))" >"$log.status"
+exit $rc
+"""
+_FINISHED = re.compile(r"^\[\d+/\d+\] COMPILE t(\d+)\s*$")
+
+
+@dataclass
+class _Target:
+    """One cache miss being compiled in the work directory."""
+
+    index: int  # position in the work dir (t<index>/), not in the caller's list
+    config: Config
+    problem: Problem
+    key: str
+    defines: list[str]
+    dir: Path
+
+
+class Builder:
+    """Compiles (config, problem) pairs for one arch into the kernel cache.
+
+    arch: a space.Arch or its name; cache_dir: default $AUTOTUNE_CACHE_DIR, else ~/.cache/autotune/kernels;
+    jobs: parallel nvcc calls (default: CPU count); nvcc: default find_nvcc(); kernels_dir: default the
+    installed kernel sources; timeout_s: per-compile limit; extra_flags: appended to the nvcc flags (and to
+    the cache key); check_rules=False sends configs that space/ rejects to the compiler anyway (for tests).
+    """
+
+    def __init__(self, arch: Arch | str, cache_dir: str | os.PathLike | None = None, jobs: int | None = None,
+                 nvcc: str | os.PathLike | None = None, kernels_dir: str | os.PathLike | None = None,
+                 timeout_s: float = 600, extra_flags: Sequence[str] = (), check_rules: bool = True):
+        self.arch = arch if isinstance(arch, Arch) else space.get_arch(arch)
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+        if jobs is not None and jobs < 1:
+            raise ValueError(f"jobs: expected a positive integer, got {jobs!r}")
+        self.jobs = jobs or os.cpu_count() or 1
+        self.nvcc = Path(nvcc) if nvcc else find_nvcc()
+        self.kernels_dir = Path(kernels_dir).resolve() if kernels_dir else default_kernels_dir()
+        if not self.kernels_dir.is_dir():
+            raise BuildError(f"kernels_dir: {self.kernels_dir} is not a directory")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s: expected a positive number of seconds, got {timeout_s!r}")
+        self.timeout_s = timeout_s
+        self.flags = [*BASE_FLAGS, f"-gencode={self.arch.gencode}", *extra_flags]
+        self.check_rules = check_rules
+        self.nvcc_version = nvcc_version(self.nvcc)
+
+    # -- public -------------------------------------------------------------------------------------------
+
+    def build_one(self, config: Config, problem: Problem) -> BuildResult:
+        return self.build([(config, problem)])[0]
+
+    def build(self, items: Sequence[tuple[Config, Problem]], progress: Progress | None = None) -> list[BuildResult]:
+        """Build every (config, problem); results come back in input order, one per item.
+
+        progress(done, total, result) is called once per item as its result becomes known (cache hits and
+        rejected configs first, then compiles in the order they finish).
+        """
+        items = list(items)
+        total = len(items)
+        results: list[BuildResult | None] = [None] * total
+        done = 0
+
+        def finish(positions: Iterable[int], result: BuildResult) -> None:
+            nonlocal done
+            for i in positions:
+                results[i] = dataclasses.replace(result, config=items[i][0], problem=items[i][1])
+                done += 1
+                if progress:
+                    progress(done, total, results[i])
+
+        digests: dict[str, str] = {}  # family -> its sources' digest, read once per call
+        misses: dict[str, list[int]] = {}  # key -> positions; identical requests compile once
+        for i, (config, problem) in enumerate(items):
+            rejected = space.violations(config, problem, self.arch) if self.check_rules else []
+            if rejected:
+                finish([i], self._rejected(config, problem, rejected))
+                continue
+            if config.family not in digests:
+                digests[config.family] = self.sources_digest((config.family,))
+            key = self.key(config, problem, digests[config.family])
+            if key in misses:
+                misses[key].append(i)
+                continue
+            hit = self._lookup(config, problem, key)
+            if hit:
+                finish([i], hit)
+            else:
+                misses[key] = [i]
+
+        if misses:
+            self._compile(items, misses, finish)
+        return results  # type: ignore[return-value]  (every slot is filled)
+
+    def sources_digest(self, families: Iterable[str]) -> str:
+        """Digest of the kernel files these families compile from (build.sources_digest)."""
+        return sources_digest(self.kernels_dir, sorted({space.get_family(f).source for f in families}))
+
+    def key(self, config: Config, problem: Problem, digest: str | None = None) -> str:
+        """The cache key; `digest`: this config's family's sources digest, when the caller has it already."""
+        family = space.get_family(config.family)
+        material = {
+            "sources": digest or self.sources_digest((config.family,)),
+            "source": family.source,
+            "entry": family.entry,
+            "defines": define_flags(config, problem),
+            "flags": self.flags,
+            "nvcc": self.nvcc_version,
+            "gencode": self.arch.gencode,
+        }
+        return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+    def entry_dir(self, key: str) -> Path:
+        return self.cache_dir / key[:2] / key
+
+    # -- cache ----------------------------------------------------------------------------------------------
+
+    def _lookup(self, config: Config, problem: Problem, key: str) -> BuildResult | None:
+        entry = self.entry_dir(key)
+        try:
+            meta = json.loads((entry / META).read_text())
+        except (OSError, ValueError):
+            return None
+        if meta.get("ok") and not (entry / CUBIN).is_file():
+            shutil.rmtree(entry, ignore_errors=True)  # damaged entry: drop it so the rebuild can take its place
+            return None
+        return self._result(config, problem, key, entry, meta, cached=True)
+
+    def _result(self, config, problem, key, entry: Path | None, meta: dict, cached: bool) -> BuildResult:
+        """entry is the cache entry holding the files, or None when the result was not cached."""
+        ok = bool(meta["ok"]) and entry is not None
+        return BuildResult(
+            config=config, problem=problem, arch=self.arch, ok=ok,
+            cubin_path=entry / CUBIN if ok else None,
+            report=BuildReport.from_dict(meta["report"]) if meta.get("report") else None,
+            error=meta.get("error"), cached=cached, key=key, cubin_hash=meta.get("cubin_hash"),
+            log_path=entry / LOG if entry else None,
+        )
+
+    def _rejected(self, config: Config, problem: Problem, rejected: list[space.Violation]) -> BuildResult:
+        return BuildResult(
+            config=config, problem=problem, arch=self.arch, ok=False, cubin_path=None, report=None,
+            error="rejected by space rules, not compiled: " + "; ".join(str(v) for v in rejected),
+            cached=False, key=None, rejected_by=tuple(v.rule for v in rejected),
+        )
+
+    # -- compile --------------------------------------------------------------------------------------------
+
+    def _compile(self, items, misses: dict[str, list[int]], finish) -> None:
+        work = self.cache_dir / ".work" / uuid.uuid4().hex
+        work.mkdir(parents=True)
+        try:
+            targets = []
+            for n, (key, positions) in enumerate(misses.items()):
+                config, problem = items[positions[0]]
+                target = _Target(n, config, problem, key, define_flags(config, problem), work / f"t{n}")
+                target.dir.mkdir()
+                targets.append(target)
+            (work / "compile.sh").write_text(_WRAPPER)
+            (work / "build.ninja").write_text(self._ninja_file(targets))
+
+            pending = {t.index: t for t in targets}
+            ninja_output: list[str] = []
+            env = {**os.environ, "NINJA_STATUS": "[%f/%t] "}
+            cmd = [*_ninja_command(), "-C", str(work), "-k", "0", "-j", str(self.jobs)]
+            with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+                for line in proc.stdout:  # type: ignore[union-attr]
+                    ninja_output.append(line)
+                    m = _FINISHED.match(line)
+                    if m and int(m.group(1)) in pending:
+                        target = pending.pop(int(m.group(1)))
+                        finish(misses[target.key], self._collect(target))
+            # ninja prints nothing for a target it never ran (e.g. it was killed): report those as failures.
+            for target in pending.values():
+                if (target.dir / f"{LOG}.status").is_file():
+                    finish(misses[target.key], self._collect(target))
+                    continue
+                tail = "".join(ninja_output[-20:])
+                raise BuildError(f"ninja exited with {proc.returncode} without running {target.config.key}:\n{tail}")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _ninja_file(self, targets: list[_Target]) -> str:
+        lines = [
+            "# generated by autotune.build: one nvcc call per config",
+            "rule nvcc",
+            "  command = $cmd",
+            "  description = COMPILE $id",
+            "",
+        ]
+        for t in targets:
+            source = self.kernels_dir / space.get_family(t.config.family).source
+            argv = ["/bin/sh", "compile.sh", f"t{t.index}/{LOG}", str(self.timeout_s), str(self.nvcc),
+                    *self.flags, f"-I{self.kernels_dir}", *t.defines, str(source), "-o", f"t{t.index}/{CUBIN}"]
+            command = " ".join(shlex.quote(a) for a in argv).replace("$", "$$")  # $ is ninja's escape
+            lines += [f"build t{t.index}/{CUBIN}: nvcc", f"  cmd = {command}", f"  id = t{t.index}", ""]
+        return "\n".join(lines)
+
+    def _collect(self, target: _Target) -> BuildResult:
+        """Turn a finished target into a cache entry (when cacheable) and its BuildResult."""
+        log = (target.dir / LOG).read_text(errors="replace") if (target.dir / LOG).is_file() else ""
+        try:
+            rc_text, ms_text = (target.dir / f"{LOG}.status").read_text().split()
+            rc, seconds = int(rc_text), int(ms_text) / 1000
+        except (OSError, ValueError):
+            rc, seconds = -1, 0.0
+        cubin = target.dir / CUBIN
+        family = space.get_family(target.config.family)
+        report, error, cubin_hash = None, None, None
+        if rc == 0 and cubin.is_file():
+            try:
+                report = parse_report(log, family.entry, seconds)
+                cubin_hash = hashlib.sha256(cubin.read_bytes()).hexdigest()
+            except PtxasParseError as e:
+                error = str(e)
+        elif rc in TIMEOUT_CODES:
+            error = f"nvcc timed out after {self.timeout_s:g} s (timeout_s)"
+        else:
+            error = _error_text(log) or f"nvcc exited with {rc} and no output"
+        ok = error is None
+        if not ok:
+            cubin.unlink(missing_ok=True)
+        meta = {
+            "key": target.key, "config_key": target.config.key, "config": target.config.as_dict(),
+            "problem": dataclasses.asdict(target.problem), "arch": self.arch.name, "gencode": self.arch.gencode,
+            "nvcc": str(self.nvcc), "nvcc_version": self.nvcc_version, "flags": self.flags,
+            "defines": target.defines, "ok": ok, "error": error, "exit_code": rc,
+            "report": report.as_dict() if report else None, "compile_seconds": seconds,
+            "cubin_hash": cubin_hash, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        }
+        (target.dir / META).write_text(json.dumps(meta, indent=2) + "\n")
+        (target.dir / f"{LOG}.status").unlink(missing_ok=True)
+        if rc in UNCACHEABLE_CODES or rc < 0:  # the work dir is deleted after the build: the log goes into the error text
+            meta["error"] = f"{error}\n{log[-2000:]}" if log.strip() else error
+            return self._result(target.config, target.problem, target.key, None, meta, cached=False)
+        return self._result(target.config, target.problem, target.key, self._publish(target), meta, cached=False)
+
+    def _publish(self, target: _Target) -> Path:
+        """Move the finished target directory into the cache; if another process got there first, keep theirs."""
+        final = self.entry_dir(target.key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(target.dir, final)
+        except OSError:
+            if not (final / META).is_file():
+                raise
+        return final
+
+
+def _error_text(log: str, limit: int = 40) -> str:
+    """The compiler's error lines (e.g. `flash_fwd.cu(12): error: static assertion failed with "rule: ..."`)."""
+    lines = log.splitlines()
+    errors = [ln.strip() for ln in lines if re.search(r"\berror\b", ln, re.IGNORECASE)]
+    chosen = errors or [ln for ln in lines if ln.strip()][-20:]
+    return "\n".join(chosen[:limit])
+
+
+def provenance(builder, families) -> dict:
+    """Study/store provenance of the kernels being built: the digest of the sources these families compile
+    from (sources_digest), and the compiler."""
+    out = {}
+    if getattr(builder, "kernels_dir", None) is not None and hasattr(builder, "sources_digest"):
+        out["kernel_source_hash"] = builder.sources_digest(families)
+    version = getattr(builder, "nvcc_version", None)
+    if version:
+        out["nvcc_version"] = version
+    return out
+
+
+def cubin_key(cubin_hash: str | None, config: Config, problem) -> tuple | None:
+    """Identical bytes launched with identical geometry measure the same: time them once."""
+    if not cubin_hash:
+        return None
+    lay = space.layout(config, problem)
+    return cubin_hash, lay.threads, lay.smem_static, lay.smem_dynamic, lay.rows_per_block
+
+
+__all__ = ["BuildError", "BuildReport", "BuildResult", "Builder", "cubin_key",
+           "default_cache_dir", "default_kernels_dir", "define_flags", "family_sources", "provenance", "sources_digest"]

@@ -1,0 +1,148 @@
+"""The GPU step answered from a recorded landscape: a builder and an evaluator with the search's interfaces.
+
+`ReplayBuilder.build` returns, for each config, the BuildResult the recording saw (ptxas report, compile error,
+cubin hash), and `ReplayEvaluator` returns the recorded outcome (TFLOPS, median, spread, wrong/crashed/timeout).
+Nothing is compiled or run, so sampler behaviour can be studied on a CPU with exactly the search's code.
+
+A config the landscape has no row for is an error naming the config (MissingConfigError), never a guess: a
+replay that silently invented values would make any comparison meaningless. The same goes for asking the
+replay to time a config the recording did not time (a spilling build, skipped under the recording's spill
+policy), and for a shape or arch other than the recorded one.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import space
+from space import Config, Problem, Shape
+
+from ..build.builder import BuildResult
+from .landscape_file import BUILD_FIELDS, Landscape, Row
+from ..build.ptxas import BuildReport
+from ..measure.child_process import EvalOutcome
+
+
+class ReplayError(ValueError):
+    """The replay was asked something the landscape does not record."""
+
+
+class MissingConfigError(ReplayError):
+    def __init__(self, config_key: str, landscape: Landscape, what: str = "has no row for"):
+        self.config_key = config_key
+        super().__init__(f"replay: landscape {landscape.path or landscape.name} {what} config {config_key} "
+                         f"(it was not measured; a replay never guesses)")
+
+
+def _report(row: Row) -> BuildReport | None:
+    if not row.has_report:
+        return None
+    return BuildReport(**{f: getattr(row, f) or 0 for f in BUILD_FIELDS})
+
+
+class ReplayBuilder:
+    """Builder-shaped: `build([(config, problem), ...]) -> [BuildResult]`, answered from the landscape."""
+
+    kernels_dir = None  # winner.provenance: no sources are hashed, the landscape's provenance is what counts
+
+    def __init__(self, landscape: Landscape, jobs: int = 1):
+        self.landscape = landscape
+        self.arch = landscape.arch
+        self.problem = landscape.shape.problem
+        self.jobs = jobs  # the search sizes its batches by this; replay has no compiler to keep busy
+        self.nvcc_version = landscape.header.get("nvcc_version")
+        self.calls = 0
+
+    def build_one(self, config: Config, problem: Problem) -> BuildResult:
+        return self.build([(config, problem)])[0]
+
+    def build(self, items: Sequence[tuple[Config, Problem]], progress=None) -> list[BuildResult]:
+        self.calls += 1
+        out = []
+        for i, (config, problem) in enumerate(items):
+            result = self._one(config, problem)
+            out.append(result)
+            if progress:
+                progress(i + 1, len(items), result)
+        return out
+
+    def _one(self, config: Config, problem: Problem) -> BuildResult:
+        if problem != self.problem:
+            raise ReplayError(f"replay: the landscape was recorded for {self.problem.key}, not {problem.key}")
+        rejected = space.violations(config, problem, self.arch)
+        if rejected:  # like the real Builder: never "compiled"
+            return BuildResult(config, problem, self.arch, ok=False, cubin_path=None, report=None,
+                               error="rejected by space rules, not compiled: " + "; ".join(map(str, rejected)),
+                               cached=False, key=None, rejected_by=tuple(v.rule for v in rejected))
+        row = self.landscape.row(config)
+        if row is None:
+            raise MissingConfigError(config.key, self.landscape)
+        ok = row.status != "compile_error"
+        return BuildResult(config, problem, self.arch, ok=ok, cubin_path=None, report=_report(row),
+                           error=None if ok else (row.reason or "compile error (recorded)"), cached=True,
+                           key=f"replay:{config.key}", cubin_hash=row.cubin_hash)
+
+
+class ReplayEvaluator:
+    """Evaluator-shaped (submit/wait/evaluate/baselines/device_info/close), answered from the landscape."""
+
+    def __init__(self, landscape: Landscape):
+        self.landscape = landscape
+        self.shape = landscape.shape
+        self._pending: EvalOutcome | None = None
+        self.evaluations = 0
+
+    def device_info(self) -> dict[str, Any]:
+        return {"gpu_name": self.landscape.header["gpu_name"], "arch": self.landscape.header["arch"]}
+
+    def outcome(self, config: Config, shape: Shape) -> EvalOutcome:
+        if shape != self.shape:
+            raise ReplayError(f"replay: the landscape was recorded for shape {self.shape.key}, not {shape.key}")
+        row = self.landscape.row(config)
+        if row is None:
+            raise MissingConfigError(config.key, self.landscape)
+        if row.status in ("spilled", "compile_error"):
+            raise MissingConfigError(config.key, self.landscape,
+                                     what=f"never timed ({row.status} when recorded; the recording's spill policy "
+                                          "skipped it) the")
+        spread = row.spread_ms
+        if row.status == "complete":
+            return EvalOutcome("complete", row.reason or "", row.tflops, row.median_ms, spread, row.max_error,
+                               row.blocks_per_sm)
+        return EvalOutcome(row.status, row.reason or row.status, None, row.median_ms, spread, row.max_error,
+                           row.blocks_per_sm)
+
+    def submit(self, build, shape: Shape) -> None:
+        if self._pending is not None:
+            raise RuntimeError("ReplayEvaluator.submit: the previous outcome was not taken (wait())")
+        self._pending = self.outcome(build.config, shape)
+        self.evaluations += 1
+
+    def wait(self, block_for: float | None = None) -> EvalOutcome | None:
+        if self._pending is None:
+            raise RuntimeError("ReplayEvaluator.wait: nothing was submitted")
+        outcome, self._pending = self._pending, None
+        return outcome
+
+    def evaluate(self, build, shape: Shape) -> EvalOutcome:
+        self.submit(build, shape)
+        return self.wait()
+
+    def baselines(self, shape: Shape) -> dict[str, float | None]:
+        return dict(self.landscape.header.get("baselines") or {})
+
+    def close(self) -> None:
+        pass
+
+
+class NullStore:
+    """A best-per-shape store that keeps nothing: a replay re-reads old measurements, it does not make new ones,
+    so it must not put a row in the table the runtime serves from."""
+
+    def record_best(self, entry):
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+__all__ = ["MissingConfigError", "NullStore", "ReplayBuilder", "ReplayError", "ReplayEvaluator"]

@@ -1,0 +1,290 @@
+"""cubin → CUfunction → launch, through cuda-python's driver API, inside torch's context and on torch's stream.
+
+torch allocates the tensors and owns the stream; we only load modules and launch. Both must live in the same
+CUDA context, so everything here runs in the device's *primary* context, the one torch's runtime uses.
+Every driver call is checked; a failure raises CudaError naming the call and the CUresult.
+
+Note that a kernel that faults leaves the context unusable (every later call fails): callers that try untrusted
+configs run them in a child process (autotune.measure.child_process).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import space
+
+from . import tma
+from .libcuda import driver, error_name, launch_kernel_fn
+from .params import FlashFwdParams, InputShape, make_params
+
+MAX_GRID_YZ = 65535
+MAX_GRID_X = 2**31 - 1
+
+
+class CudaError(RuntimeError):
+    """A driver call failed. `call` is the API name, `code` the CUresult's name (e.g. CUDA_ERROR_ILLEGAL_ADDRESS)."""
+
+    def __init__(self, call: str, code: str, detail: str = ""):
+        self.call, self.code, self.detail = call, code, detail
+        super().__init__(f"{call} failed: {code}" + (f" ({detail})" if detail else ""))
+
+    def __reduce__(self):  # picklable across the worker boundary despite the custom signature
+        return CudaError, (self.call, self.code, self.detail)
+
+
+def _error_name(err) -> tuple[str, str]:
+    drv = driver()
+    try:
+        name = drv.cuGetErrorName(err)[1]
+        text = drv.cuGetErrorString(err)[1]
+        return name.decode(), text.decode()
+    except Exception:  # an unknown code: the enum's own name is the best we have
+        return str(err), ""
+
+
+def cu_check(result, call: str):
+    """Every binding returns (CUresult, *values): raise on error, else return the value (or tuple, or None)."""
+    err, *values = result
+    if err != driver().CUresult.CUDA_SUCCESS:
+        name, text = _error_name(err)
+        raise CudaError(call, name, text)
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+# ---- context ---------------------------------------------------------------------------------------------------
+
+_lock = threading.RLock()
+_primary: dict[int, object] = {}  # device ordinal -> retained primary CUcontext (retained once, held for the process)
+
+
+def ensure_context(device: int | None = None):
+    """Make the device's primary context (torch's) current on this thread and return it.
+
+    torch creates that context lazily, so after torch.cuda.init() the thread may have none current yet:
+    retaining the primary context creates it if needed, and it is the very one torch's runtime will use.
+    """
+    import torch
+
+    torch.cuda.init()
+    if device is None:
+        device = torch.cuda.current_device()
+    drv = driver()
+    with _lock:
+        ctx = _primary.get(device)
+        if ctx is None:
+            cu_check(drv.cuInit(0), "cuInit")
+            dev = cu_check(drv.cuDeviceGet(device), "cuDeviceGet")
+            ctx = cu_check(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+            _primary[device] = ctx
+    current = cu_check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    if int(current) != int(ctx):  # null, or another device's / a foreign context
+        cu_check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return ctx
+
+
+# ---- modules and launches --------------------------------------------------------------------------------------
+
+def _address(arg) -> int:
+    """Address of one by-value kernel argument: a ctypes object, or a cuda-python struct such as CUtensorMap."""
+    if isinstance(arg, (ctypes.Structure, ctypes.Union, ctypes.Array, ctypes._SimpleCData)):
+        return ctypes.addressof(arg)
+    get_ptr = getattr(arg, "getPtr", None)
+    if callable(get_ptr):
+        return int(get_ptr())
+    raise TypeError(f"extra_args: expected ctypes objects or cuda-python structs with getPtr(), got {type(arg).__name__}")
+
+
+def _stream_handle(stream, device: int) -> int:
+    if stream is None:
+        import torch
+
+        return torch.cuda.current_stream(device).cuda_stream
+    return int(getattr(stream, "cuda_stream", stream))  # a torch.cuda.Stream or a raw handle
+
+
+class Kernel:
+    """One loaded entry function. Create through load_kernel (which caches); launch with launch()."""
+
+    def __init__(self, module, function, ctx, device: int, entry: str):
+        self.module, self.function, self.ctx = module, function, ctx
+        self.device, self.entry = device, entry
+        self.max_dynamic_smem = 0  # what CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES is set to
+        self._handle = int(function)  # the raw CUfunction, for the ctypes launch
+
+    def _make_current(self) -> None:
+        drv = driver()
+        if int(cu_check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")) != int(self.ctx):
+            cu_check(drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+
+    def set_max_dynamic_smem(self, nbytes: int) -> None:
+        """Opt in to more than 48 KB of dynamic shared memory (the launch fails without it)."""
+        drv = driver()
+        attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        cu_check(drv.cuFuncSetAttribute(self.function, attr, int(nbytes)),
+              f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={nbytes}) for {self.entry}")
+        self.max_dynamic_smem = int(nbytes)
+
+    def attribute(self, name: str) -> int:
+        """cuFuncGetAttribute by short name: 'NUM_REGS', 'SHARED_SIZE_BYTES', 'MAX_THREADS_PER_BLOCK', ..."""
+        drv = driver()
+        attr = getattr(drv.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name}")
+        return int(cu_check(drv.cuFuncGetAttribute(attr, self.function), f"cuFuncGetAttribute({name})"))
+
+    def blocks_per_sm(self, threads: int, smem_dynamic: int) -> int:
+        """Resident CTAs per SM for this launch geometry (the driver's occupancy calculator)."""
+        drv = driver()
+        self._make_current()
+        return int(cu_check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, threads, smem_dynamic),
+                         "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
+
+    def launch(self, params: FlashFwdParams, grid: Sequence[int], block: Sequence[int], smem_dynamic: int = 0,
+               stream=None, extra_args: Sequence = ()) -> None:
+        """cuLaunchKernel with kernelParams = [&params, &extra_args[0], ...]; `stream` defaults to torch's current.
+
+        Asynchronous: a fault inside the kernel surfaces at the next synchronizing call, not here.
+        """
+        self._make_current()
+        if smem_dynamic > self.max_dynamic_smem:
+            self.set_max_dynamic_smem(smem_dynamic)
+        args = (params, *extra_args)
+        # kernelParams is a void** whose entries point at each argument's bytes; the driver copies them at launch,
+        # so `pointers` and `args` only need to outlive this call.
+        pointers = (ctypes.c_void_p * len(args))(*[_address(a) for a in args])
+        gx, gy, gz = grid
+        bx, by, bz = block
+        # libcuda directly (autotune/launch/libcuda.py says why): this is the per-call hot path.
+        code = launch_kernel_fn()(self._handle, gx, gy, gz, bx, by, bz, smem_dynamic,
+                                  _stream_handle(stream, self.device), pointers, None)
+        if code:
+            raise CudaError(f"cuLaunchKernel({self.entry}, grid=({gx},{gy},{gz}), block=({bx},{by},{bz}), "
+                            f"smem={smem_dynamic})", error_name(code))
+
+
+_kernels: dict[tuple[str, str, int], Kernel] = {}  # (cubin sha256, entry, device) -> Kernel, for the process
+
+
+def load_kernel(cubin: bytes, entry: str, max_dynamic_smem: int = 0, device: int | None = None) -> Kernel:
+    """Load a cubin into the device's primary context (once per process) and return its entry function."""
+    import torch
+
+    if device is None:
+        torch.cuda.init()
+        device = torch.cuda.current_device()
+    key = (hashlib.sha256(cubin).hexdigest(), entry, device)
+    drv = driver()
+    with _lock:
+        kernel = _kernels.get(key)
+        if kernel is None:
+            ctx = ensure_context(device)
+            # An int address is accepted by every cuda-python version; the driver parses the image during the call.
+            image = ctypes.create_string_buffer(cubin, len(cubin))
+            module = cu_check(drv.cuModuleLoadData(ctypes.addressof(image)), f"cuModuleLoadData ({len(cubin)} bytes)")
+            function = cu_check(drv.cuModuleGetFunction(module, entry.encode()), f"cuModuleGetFunction({entry!r})")
+            kernel = _kernels[key] = Kernel(module, function, ctx, device, entry)
+    if max_dynamic_smem > kernel.max_dynamic_smem:
+        kernel.set_max_dynamic_smem(max_dynamic_smem)
+    return kernel
+
+
+# ---- running a build -------------------------------------------------------------------------------------------
+
+def cubin_bytes(build) -> bytes:
+    """The cubin of a BuildResult (or of anything with .cubin_bytes() or .cubin_path)."""
+    if hasattr(build, "cubin_bytes"):
+        return build.cubin_bytes()
+    return Path(build.cubin_path).read_bytes()
+
+
+def _family(name: str) -> space.Family:
+    """space.get_family, importing space/<name>.py first if needed: a Config unpickled in a worker process
+    does not import the module that registers its family."""
+    if name not in space.FAMILIES:
+        try:
+            importlib.import_module(f"space.{name}")
+        except ModuleNotFoundError:
+            pass  # get_family's error lists the known families
+    return space.get_family(name)
+
+
+@dataclass(frozen=True, eq=False)  # holds tensors: compare by identity
+class Launch:
+    """Everything one launch needs, prepared ahead; calling it only enqueues the kernel on the current stream."""
+
+    kernel: Kernel
+    params: FlashFwdParams
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem_dynamic: int
+    keepalive: tuple         # the tensors the params (and tensor maps) point into
+    extra_args: tuple = ()   # by-value arguments after the parameter block (the wgmma family's CUtensorMaps)
+
+    def __call__(self, stream=None) -> None:
+        self.kernel.launch(self.params, self.grid, self.block, self.smem_dynamic, stream, self.extra_args)
+
+
+class KernelRunner:
+    """Runs one build (config + problem + cubin) on torch tensors, with the launch geometry from space.layout
+    and, after the parameter block, the family's extra arguments (tma.launch_extra_args)."""
+
+    def __init__(self, build):
+        if not getattr(build, "ok", True):
+            raise ValueError(f"build: expected a successful build, got one that failed: {getattr(build, 'error', '')}")
+        self.build = build
+        self.config, self.problem = build.config, build.problem
+        self.family = _family(self.config.family)
+        self.layout = space.layout(self.config, self.problem)
+        self._cubin = cubin_bytes(build)
+
+    def kernel(self, device: int | None = None) -> Kernel:
+        return load_kernel(self._cubin, self.family.entry, self.layout.smem_dynamic, device)
+
+    def grid(self, shape: InputShape) -> tuple[int, int, int]:
+        """The contract's grid: (ceil(seqlen_q / rows_per_block), heads, batch)."""
+        gx = -(-shape.seqlen_q // self.layout.rows_per_block)
+        if gx > MAX_GRID_X:
+            raise ValueError(f"q: seqlen_q {shape.seqlen_q} needs {gx} CTAs along grid.x (max {MAX_GRID_X})")
+        if shape.heads > MAX_GRID_YZ:
+            raise ValueError(f"q: {shape.heads} heads exceed the grid's y limit {MAX_GRID_YZ}")
+        if shape.batch > MAX_GRID_YZ:
+            raise ValueError(f"q: batch {shape.batch} exceeds the grid's z limit {MAX_GRID_YZ}")
+        return gx, shape.heads, shape.batch
+
+    def prepare(self, q, k, v, o, lse=None, scale: float | None = None) -> Launch:
+        """Validate and fill the parameter block once; the returned Launch can be called many times (timing)."""
+        params = make_params(q, k, v, o, lse, scale, problem=self.problem)
+        shape = InputShape(params.batch, params.heads, params.kv_heads, params.seqlen_q, params.seqlen_k,
+                           self.problem.head_dim, self.problem.dtype)
+        extra = tuple(tma.launch_extra_args(self.config, q, k, v))  # () for parameter-block-only families
+        return Launch(self.kernel(q.device.index), params, self.grid(shape), (self.layout.threads, 1, 1),
+                      self.layout.smem_dynamic, (q, k, v, o, lse), extra)
+
+    def run(self, q, k, v, o, lse=None, scale: float | None = None) -> None:
+        """Write attention(q, k, v) into o (and lse), on torch's current stream."""
+        self.prepare(q, k, v, o, lse, scale)()
+
+    def __call__(self, q, k, v, scale: float | None = None, return_lse: bool = False):
+        """Allocate o (contiguous, like q's shape) and lse, launch, return o or (o, lse)."""
+        import torch
+
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
+        self.run(q, k, v, o, lse, scale)
+        return (o, lse) if return_lse else o
+
+
+def attention_with(build, q, k, v, scale: float | None = None, return_lse: bool = False):
+    """attention(q, k, v) with one specific build; causal-ness is compiled into it (build.problem.causal)."""
+    return KernelRunner(build)(q, k, v, scale=scale, return_lse=return_lse)
+
+
+def as_runner(build_or_runner) -> KernelRunner:
+    return build_or_runner if isinstance(build_or_runner, KernelRunner) else KernelRunner(build_or_runner)
+

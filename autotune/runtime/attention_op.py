@@ -1,0 +1,247 @@
+"""`autotune.attention(q, k, v)`: the tuned FlashAttention forward as a torch op.
+
+Semantics are those of `torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+enable_gqa=True)` for the cases supported:
+  * q (B, H, Nq, D), k and v (B, Hkv, Nk, D) with Hkv dividing H (GQA: query head h reads kv head h // (H/Hkv));
+  * fp16 or bf16, D in space.HEAD_DIMS, all tensors on one CUDA device;
+  * any strides as long as the last dim is contiguous and the data is 16-byte aligned: a (B, N, H, D) tensor
+    passed as `.transpose(1, 2)` runs without a copy. Inputs that break this are NOT copied (a hidden copy would
+    eat the speed-up): the ValueError names the argument and what was expected; `.contiguous()` gives a copy that
+    runs;
+  * causal masks are top-left aligned (query i sees keys j <= i), like SDPA's is_causal;
+  * forward only (no backward: autograd raises if one is attempted through the op).
+Returns out (B, H, Nq, D), contiguous, in q's dtype; with return_lse also lse (B, H, Nq), fp32, natural log.
+
+The op is registered as `autotune::flash_attention_fwd` (torch.library.custom_op) with a fake implementation, so
+`torch.compile(fullgraph=True)` traces through it. In plain eager mode on plain tensors `attention` calls the
+implementation directly instead of through the dispatcher (the op's own ~8 µs): same code, same results.
+
+Per call, a memo keyed by everything the input checks depend on except the data pointers (shapes, strides,
+dtypes, devices, flags, storage URL) holds the validated launch; a warm call re-checks only pointer alignment,
+allocates the outputs, copies the prepared parameter block with the new pointers and launches. The config
+choice comes from autotune.runtime (see its docstring for the lookup order).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from space import HEAD_DIMS, Shape
+
+from . import lookup as runtime
+from ..launch import tma
+from ..launch.params import ALIGN_BYTES, FlashFwdParams, InputShape, dtype_name, validate_inputs
+
+OP_NAME = "autotune::flash_attention_fwd"
+
+
+# ---- argument checks --------------------------------------------------------------------------------------
+
+def check_flags(causal, scale, return_lse) -> Optional[float]:
+    """Validate the non-tensor arguments; returns scale as a float (or None for 1/sqrt(head_dim))."""
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal: expected True or False, got {causal!r}")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: expected True or False, got {return_lse!r}")
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale: expected a float or None, got {scale!r}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite float, got {scale!r}")
+    return float(scale)
+
+
+def check_inputs(q, k, v, *, require_cuda: bool = True) -> InputShape:
+    """Every check the kernel needs on q, k, v, with errors naming the argument; runs on CPU and meta tensors
+    with require_cuda=False (this is the entry point tests use without a GPU)."""
+    # The output is allocated later with q's shape, dtype and device: validating q as the output checks nothing
+    # new, so errors always name q, k or v.
+    return validate_inputs(q, k, v, q, require_cuda=require_cuda)
+
+
+def check_meta(q, k, v) -> None:
+    """The checks that need no data pointer, for the fake implementation (FakeTensors have no address and may have
+    symbolic sizes). Same messages as launch_params.validate_inputs; alignment is checked when the op runs."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise ValueError(f"{name}: expected a CUDA tensor, got a tensor on {t.device}")
+        if t.device != q.device:
+            raise ValueError(f"{name}: expected a tensor on q's device {q.device}, got a tensor on {t.device}")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected a 4-d tensor (batch, heads, seqlen, head_dim), got shape {tuple(t.shape)}")
+        if dtype_name(t.dtype) is None:
+            raise ValueError(f"{name}: expected dtype torch.float16 or torch.bfloat16, got {t.dtype}")
+        if t.dtype != q.dtype:
+            raise ValueError(f"{name}: expected the same dtype as q ({q.dtype}), got {t.dtype}")
+        if any(size < 1 for size in t.shape):
+            raise ValueError(f"{name}: expected a non-empty tensor, got shape {tuple(t.shape)}")
+    batch, heads, _, head_dim = q.shape
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"q: expected head_dim in {HEAD_DIMS}, got head_dim {head_dim} (shape {tuple(q.shape)})")
+    if k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(f"k: expected shape (batch={batch}, kv_heads, seqlen_k, head_dim={head_dim}) to match q, "
+                         f"got shape {tuple(k.shape)}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v: expected the shape of k {tuple(k.shape)}, got shape {tuple(v.shape)}")
+    if heads % k.shape[1]:
+        raise ValueError(f"k: expected a head count that divides q's {heads} heads, got {k.shape[1]} kv heads")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: expected a contiguous last dim (stride 1), got strides {tuple(t.stride())}")
+
+
+def shape_of(inputs: InputShape, causal: bool) -> Shape:
+    return Shape(batch=inputs.batch, heads=inputs.heads, seqlen_q=inputs.seqlen_q, seqlen_k=inputs.seqlen_k,
+                 head_dim=inputs.head_dim, dtype=inputs.dtype, causal=causal, kv_heads=inputs.kv_heads)
+
+
+# ---- launching --------------------------------------------------------------------------------------------
+
+class _Launcher:
+    """One validated (layout, flags, storage) combination: a warm call only swaps the data pointers."""
+
+    __slots__ = ("plan", "launch", "extra_args", "out_shape", "lse_shape", "dtype", "device")
+
+    def __init__(self, plan: runtime.Plan, launch, out_shape, lse_shape, dtype, device):
+        self.plan, self.launch = plan, launch
+        # Families that take more than the parameter block (the wgmma family's TMA descriptors) get those
+        # arguments encoded anew for each call's tensors, since they embed the addresses.
+        self.extra_args = _extra_args_function() if launch.extra_args else None
+        self.out_shape, self.lse_shape = out_shape, lse_shape
+        self.dtype, self.device = dtype, device
+
+    def __call__(self, q, k, v):
+        qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        if (qp | kp | vp) % ALIGN_BYTES:
+            check_inputs(q, k, v)  # raises, naming the argument
+        o = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.lse_shape else None
+        launch = self.launch
+        p = FlashFwdParams.from_buffer_copy(launch.params)  # the driver copies it at launch: one per call is safe
+        p.q, p.k, p.v, p.o = qp, kp, vp, o.data_ptr()
+        if lse is not None:
+            p.lse = lse.data_ptr()
+        extra = self.extra_args(self.plan.runner.config, q, k, v) if self.extra_args else ()
+        launch.kernel.launch(p, launch.grid, launch.block, launch.smem_dynamic, None, extra)
+        return o, lse
+
+
+def _extra_args_function():
+    """The loader's source of per-call kernel arguments after the parameter block (tma.launch_extra_args)."""
+    return tma.launch_extra_args
+
+
+_launchers: dict[tuple, _Launcher] = {}
+
+
+def _memo_key(q, k, v, causal, scale, return_lse, url) -> tuple:
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+            q.device, k.device, v.device, causal, scale, return_lse, url)
+
+
+def _new_launcher(q, k, v, causal: bool, scale, return_lse: bool, url: str) -> _Launcher:
+    inputs = check_inputs(q, k, v)
+    plan = runtime.resolve(q.device.index, shape_of(inputs, causal), url)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
+    launch = plan.runner.prepare(q, k, v, o, lse, scale)  # the loader's own full validation, once
+    return _Launcher(plan, launch, tuple(q.shape), tuple(q.shape[:3]) if return_lse else None, q.dtype, q.device)
+
+
+def forward(q, k, v, causal: bool, scale: Optional[float], return_lse: bool):
+    """Run the kernel: (out, lse or None). No dispatcher, no flag checks: callers check flags first."""
+    url = runtime.storage_key()  # an env read when warm; an env change takes effect
+    key = _memo_key(q, k, v, causal, scale, return_lse, url)
+    launcher = _launchers.get(key)
+    if launcher is None:
+        launcher = _launchers[key] = _new_launcher(q, k, v, causal, scale, return_lse, url)
+    return launcher(q, k, v)
+
+
+def clear_caches() -> None:
+    """Forget prepared launches and (through runtime.clear_caches) selections, builds and loaded kernels."""
+    _launchers.clear()
+    runtime.clear_caches()
+
+
+# ---- the torch op -----------------------------------------------------------------------------------------
+
+@torch.library.custom_op(OP_NAME, mutates_args=())
+def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
+                        return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse); lse is an empty fp32 tensor when return_lse is False (an op cannot return None)."""
+    scale = check_flags(causal, scale, return_lse)
+    out, lse = forward(q, k, v, causal, scale, return_lse)
+    return out, (lse if lse is not None else torch.empty(0, dtype=torch.float32, device=q.device))
+
+
+@flash_attention_fwd.register_fake
+def _flash_attention_fwd_fake(q, k, v, causal, scale, return_lse):
+    check_flags(causal, scale, return_lse)
+    check_meta(q, k, v)
+    out = q.new_empty(q.shape)  # contiguous, like the real output
+    lse = q.new_empty(q.shape[:3] if return_lse else (0,), dtype=torch.float32)
+    return out, lse
+
+
+def _probe(name: str):
+    fn = getattr(torch._C, name, None)
+    return fn if callable(fn) else (lambda: True)  # unknown torch: report "active", i.e. use the dispatcher
+
+
+_dispatch_modes = _probe("_len_torch_dispatch_stack")
+_function_modes = _probe("_is_torch_function_mode_enabled")
+_functorch = _probe("_are_functorch_transforms_active")
+
+
+def _direct(q, k, v) -> bool:
+    """True when calling the implementation directly is indistinguishable from calling the op: eager, plain
+    tensors, no autograd to record, no torch_function/dispatch mode or functorch transform that should see it."""
+    if torch.compiler.is_compiling():
+        return False
+    if type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor:
+        return False
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return False
+    return not (_dispatch_modes() or _function_modes() or _functorch())
+
+
+def attention(q, k, v, causal: bool = False, scale: Optional[float] = None, return_lse: bool = False):
+    """Attention with the fastest known config for this GPU and shape; see the module docstring."""
+    scale = check_flags(causal, scale, return_lse)
+    if _direct(q, k, v):
+        out, lse = forward(q, k, v, causal, scale, return_lse)
+    else:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):  # before the dispatcher, whose schema error names no argument
+                raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        out, lse = flash_attention_fwd(q, k, v, causal, scale, return_lse)
+    return (out, lse) if return_lse else out
+
+
+def explain(q, k, v, causal: bool = False, *, storage: str | None = None, gpu_name: str | None = None,
+            arch=None) -> str:
+    """Which config attention(q, k, v, causal) would run and why: source, row provenance, distance.
+
+    On CUDA tensors the GPU is q's; pass gpu_name and arch (e.g. "NVIDIA H200", "sm_90") to ask about another
+    GPU, which also accepts CPU or meta tensors. Building and loading are not attempted: if the chosen config then
+    fails to build, attention() warns and falls back to the heuristic default.
+    """
+    check_flags(causal, None, False)
+    offline = gpu_name is not None and arch is not None
+    if not offline and (gpu_name is not None or arch is not None):
+        raise ValueError("gpu_name, arch: pass both (to explain for another GPU) or neither (q's GPU)")
+    inputs = check_inputs(q, k, v, require_cuda=not offline)
+    if not offline:
+        gpu_name, arch = runtime.device_info(q.device.index)
+    selection = runtime.select_config(shape_of(inputs, causal), gpu_name, arch, storage)
+    return selection.explain()
+
+
+__all__ = ["OP_NAME", "attention", "check_flags", "check_inputs", "check_meta", "clear_caches", "explain",
+           "flash_attention_fwd", "forward"]

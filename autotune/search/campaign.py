@@ -1,0 +1,245 @@
+"""A tuning campaign: a list of shapes, one study each, in order, each new shape warm-started with the best
+configs of the shapes already tuned nearby (warmstart.py).
+
+The file is TOML, JSON or YAML (YAML needs PyYAML), e.g.
+
+    # campaign.toml
+    [defaults]          # optional; applies to every shape
+    head_dim = 128
+    batch = 4
+    heads = 16
+    trials = 40
+
+    [[shapes]]
+    seqlen = 1024
+
+    [[shapes]]
+    seqlen = 4096
+    causal = true
+    trials = 60         # a shape's own keys win over the defaults
+
+In JSON or YAML the same structure ({"defaults": {...}, "shapes": [...]}), or just the list of shapes.
+
+Keys: the shape (seqlen, seqlen_k, batch, heads, kv_heads, head_dim, dtype, causal; space.Shape's defaults for the
+rest) and the search options below (SEARCH_KEYS). Precedence, most specific first: the shape's keys, the file's
+defaults, the command line, the built-in defaults. Each shape's search is an ordinary `autotune search`:
+resumable (running the campaign again continues each study toward its trials) and, with --workers, spread over
+worker processes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from space import Config, Shape
+
+from ..build.spill_policy import SpillPolicy
+from ..store import storage_url
+from . import loop as search_mod
+from . import study as studies
+
+SHAPE_KEYS = {"seqlen": "seqlen_q", "seqlen_k": "seqlen_k", "batch": "batch", "heads": "heads",
+              "kv_heads": "kv_heads", "head_dim": "head_dim", "dtype": "dtype", "causal": "causal"}
+DEFAULT_WARM_START = 4
+
+
+def _families(value) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(str(v) for v in value)
+
+
+def _configs(value) -> tuple[Config, ...]:
+    return tuple(Config.from_key(k) for k in ([value] if isinstance(value, str) else value))
+
+
+def _spill(value):
+
+    return SpillPolicy.parse(str(value))
+
+
+def _number(kind):
+    def convert(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+            raise ValueError(f"expected {'an integer' if kind is int else 'a number'}, got {value!r}")
+        return kind(value)
+    return convert
+
+
+# file key → (SearchOptions field, converter)
+SEARCH_KEYS: dict[str, tuple[str, Callable]] = {
+    "trials": ("trials", _number(int)), "timeout": ("timeout", _number(float)), "sampler": ("sampler", str),
+    "seed": ("seed", _number(int)), "family": ("families", _families), "spill_policy": ("spill_policy", _spill),
+    "enqueue": ("enqueue", _configs), "retime": ("retime_top", _number(int)),
+    "warm_start": ("warm_start", _number(int)), "study": ("study_name", str), "max_asks": ("max_asks", _number(int)),
+    "ahead": ("ahead", _number(int)), "eval_timeout": ("eval_timeout", _number(float)),
+}
+
+
+class CampaignError(ValueError):
+    """The campaign file cannot be read or says something we cannot do; the message names file, entry, key."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    shape: Shape
+    options: dict = field(default_factory=dict)  # SearchOptions fields set by the file
+
+
+def read(path: str | Path) -> Any:
+    """The parsed document (by extension: .toml, .json, .yaml/.yml)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise CampaignError(f"{path}: cannot read it: {e.strerror}") from None
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".toml":
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib
+            return tomllib.loads(text)
+        if suffix == ".json":
+            return json.loads(text)
+        if suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ModuleNotFoundError:
+                raise CampaignError(f"{path}: YAML needs PyYAML (pip install pyyaml), or write the campaign as "
+                                    "TOML or JSON") from None
+            return yaml.safe_load(text)
+    except CampaignError:
+        raise
+    except Exception as e:  # each parser has its own error type; all of them mean "not valid <format>"
+        raise CampaignError(f"{path}: not valid {suffix[1:].upper()}: {e}") from None
+    raise CampaignError(f"{path}: expected a .toml, .json, .yaml or .yml file")
+
+
+def parse(doc: Any, where: str = "campaign") -> list[Entry]:
+    """Entries from a parsed document; errors name the entry and the key."""
+    if isinstance(doc, list):
+        doc = {"shapes": doc}
+    if not isinstance(doc, dict):
+        raise CampaignError(f"{where}: expected a table with `shapes` (and optional `defaults`), or a list of shapes")
+    unknown = sorted(set(doc) - {"defaults", "shapes"})
+    if unknown:
+        raise CampaignError(f"{where}: unknown top-level key(s) {unknown}; expected `defaults` and `shapes`")
+    defaults = doc.get("defaults") or {}
+    shapes = doc.get("shapes")
+    if not isinstance(defaults, dict):
+        raise CampaignError(f"{where}: defaults: expected a table of keys")
+    if not isinstance(shapes, list) or not shapes:
+        raise CampaignError(f"{where}: shapes: expected a non-empty list")
+    entries = []
+    for i, item in enumerate(shapes):
+        if not isinstance(item, dict):
+            raise CampaignError(f"{where}: shapes[{i}]: expected a table of keys, got {item!r}")
+        entries.append(_entry({**defaults, **item}, f"{where}: shapes[{i}]"))
+    keys = [e.shape for e in entries]
+    for i, shape in enumerate(keys):
+        if shape in keys[:i]:
+            raise CampaignError(f"{where}: shapes[{i}] repeats shapes[{keys.index(shape)}] ({shape.key})")
+    return entries
+
+
+def _entry(values: dict, where: str) -> Entry:
+    unknown = sorted(set(values) - set(SHAPE_KEYS) - set(SEARCH_KEYS))
+    if unknown:
+        raise CampaignError(f"{where}: unknown key(s) {unknown}; shape keys are {sorted(SHAPE_KEYS)}, search keys "
+                            f"{sorted(SEARCH_KEYS)}")
+    try:
+        shape = Shape(**{SHAPE_KEYS[k]: v for k, v in values.items() if k in SHAPE_KEYS})
+    except (TypeError, ValueError) as e:
+        raise CampaignError(f"{where}: {e}") from None
+    options = {}
+    for key, value in values.items():
+        if key in SEARCH_KEYS:
+            name, convert = SEARCH_KEYS[key]
+            try:
+                options[name] = convert(value)
+            except (TypeError, ValueError, KeyError) as e:
+                raise CampaignError(f"{where}: {key}: {e}") from None
+    return Entry(shape, options)
+
+
+def load(path: str | Path) -> list[Entry]:
+    return parse(read(path), str(path))
+
+
+def plan(entries: list[Entry], base) -> list:
+    """One SearchOptions per entry: `base` (the command line) under the file's values."""
+    out = []
+    for e in entries:
+        opts = dataclasses.replace(base, **e.options, shape=e.shape)
+        opts.check()
+        out.append(opts)
+    return out
+
+
+@dataclass
+class Row:
+    """One shape's outcome: its SearchResult, or the error that stopped it."""
+
+    options: Any
+    result: Any = None
+    error: str | None = None
+    trials_to_best: int | None = None
+
+
+def run(plans: list, *, log: Callable[[str], None] = print, search=None) -> list[Row]:
+    """Search each shape in turn (search: loop.run_search, injectable for tests). A shape that fails is
+    reported and the campaign goes on; Ctrl-C stops it (SearchInterrupted propagates, with the rows so
+    far on its `rows` attribute)."""
+
+    search = search or search_mod.run_search
+    rows: list[Row] = []
+    for n, opts in enumerate(plans, 1):
+        log(f"== campaign {n}/{len(plans)}: {opts.shape.key} ({opts.trials} trials, warm start {opts.warm_start})")
+        row = Row(opts)
+        rows.append(row)
+        try:
+            row.result = search(opts, log=log)
+        except search_mod.SearchInterrupted as e:
+            row.result = e.result
+            e.rows = rows
+            raise
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:  # one shape's failure (a study mismatch, a dead GPU) must not cost the others
+            row.error = f"{type(e).__name__}: {e}"
+            log(f"campaign: {opts.shape.key} failed: {row.error}")
+            continue
+        row.trials_to_best = studies.trials_to_best(_study(opts, row.result))
+    return rows
+
+
+def _study(opts, result):
+    import optuna
+
+
+    return optuna.load_study(study_name=result.study_name, storage=storage_url.resolve_storage_url(opts.storage))
+
+
+def format_rows(rows: list[Row]) -> str:
+    """The campaign's table: per shape, the study, evaluated trials, when the best came, the winner."""
+    lines = [f"  {'shape':<34} {'trials':>6} {'best at':>7} {'TFLOPS':>8}  config",
+             f"  {'-' * 34} {'-' * 6} {'-' * 7} {'-' * 8}  {'-' * 6}"]
+    for row in rows:
+        key = row.options.shape.key
+        if row.error:
+            lines.append(f"  {key:<34} {'-':>6} {'-':>7} {'-':>8}  failed: {row.error}")
+            continue
+        r = row.result
+        best = r.best
+        tflops = f"{best.outcome.tflops:8.1f}" if best else f"{'-':>8}"
+        at = f"{row.trials_to_best:>7}" if row.trials_to_best else f"{'-':>7}"
+        what = best.config.key if best else ("interrupted" if r.interrupted else "no valid config completed")
+        lines.append(f"  {key:<34} {r.evaluated:>6} {at} {tflops}  {what}")
+    return "\n".join(lines)
+
+
+__all__ = ["CampaignError", "DEFAULT_WARM_START", "Entry", "Row", "SEARCH_KEYS", "SHAPE_KEYS", "format_rows", "load",
+           "parse", "plan", "read", "run"]

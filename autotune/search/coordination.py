@@ -1,0 +1,312 @@
+"""The other processes working on the same study, and what this one owes them.
+
+The storage decides the mode (docs/distributed.md says why):
+
+* **Solo** — SQLite. One search process per study. Trials found RUNNING when a run starts were left by a run
+  that died (kill -9, power): they are failed at once and re-queued once. No heartbeat, no claims: the
+  search's in-process memory (study.StudyMemory) already keeps a config from being timed twice.
+
+* **Shared** — PostgreSQL, MySQL: any number of processes on any number of hosts.
+  - Heartbeat: every trial this process holds (asked and not yet told) gets an Optuna heartbeat every
+    `heartbeat` seconds from a background thread, the first one synchronously right after the ask. A process
+    killed with SIGKILL stops beating; `grace` seconds later, whichever process refreshes first fails its
+    trials (Optuna's fail_stale_trials) and re-queues each once (Optuna's retry callback, max_retry=1): the
+    retry is a WAITING trial with the same params, which the next ask anywhere picks up.
+  - Claims (claims.py): before a config is built, its (study, config) row is claimed. A config claimed by a
+    running trial elsewhere is not started again; one judged elsewhere reuses that result; one whose owner
+    failed is taken over.
+  - Refresh (at most every REFRESH_SECONDS): fail stale trials, absorb the results other processes told
+    into the memory (so the budget and the reuse see them), and count the configs running elsewhere, which
+    count against --trials like this process's own in-flight ones.
+
+Residual window, as in Optuna's own optimize(): a process killed between the INSERT of a new trial and its
+first heartbeat (one DB round trip) leaves a RUNNING trial without heartbeat, which no one fails; the claims
+are not involved (no config was claimed yet). It holds no config, so it costs the search nothing but this: it
+counts as running elsewhere (against --trials, and for a worker waiting on the others) until it has been seen
+running for STUCK_SECONDS, after which it is ignored. It stays RUNNING in the database.
+
+Thread use: only the heartbeat thread runs beside the search's main thread; it calls RDBStorage.record_heartbeat
+only, which RDBStorage supports from any thread (it is what Optuna's own heartbeat thread does).
+"""
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+from ..store.claims import Claims
+
+from . import study as studies
+from . import verdicts as trial_mod
+
+DEFAULT_HEARTBEAT = 10   # seconds between heartbeats (Optuna takes an integer)
+DEFAULT_GRACE = 60       # seconds without one before a trial counts as dead: long enough for a busy host's GIL
+REFRESH_SECONDS = 0.5    # how stale this process's view of the other processes may be
+# A trial seen RUNNING elsewhere for longer than this is not waited for (see the residual window below): no trial
+# of ours runs that long (nvcc's limit is 10 min, an evaluation's a few), even queued behind a batch.
+STUCK_SECONDS = 2 * 3600
+
+
+def is_shared(url: str) -> bool:
+    """True for server databases (many processes, many hosts); False for SQLite (one process)."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).get_backend_name() != "sqlite"
+
+
+# -- storage --------------------------------------------------------------------------------------------------
+
+class _OnStale:
+    """Optuna's stale-trial callback: say so, then re-queue the trial once (a trial that never got its params
+    has nothing to retry). The log function is attached after the storage is made."""
+
+    def __init__(self):
+        import optuna
+
+        cls = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
+        if cls is None:  # Optuna < 4.9
+            cls = optuna.storages.RetryFailedTrialCallback
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # experimental / deprecated-alias warnings: the behaviour is what we want
+            self.retry = cls(max_retry=1)
+        self.log: Callable[[str], None] = lambda line: None
+        self.failed: list[int] = []
+
+    def __call__(self, study, trial) -> None:
+        self.failed.append(trial.number)
+        retried = trial.system_attrs.get("retry_history", [])
+        if not trial.params:
+            self.log(f"note: trial #{trial.number} was left running by a process that stopped (no heartbeat); "
+                     "failed (it had no config yet: nothing to retry)")
+            return
+        if retried:
+            self.log(f"note: trial #{trial.number} (a retry of #{retried[0]}) was left running by a process that "
+                     "stopped too; failed, not retried again")
+        else:
+            self.log(f"note: trial #{trial.number} was left running by a process that stopped (no heartbeat); "
+                     "failed and re-queued once")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.retry(study, trial)
+
+
+def make_storage(url: str, heartbeat: int = DEFAULT_HEARTBEAT, grace: int = DEFAULT_GRACE):
+    """Optuna's RDBStorage for `url`; for a shared storage with heartbeats and the retry callback."""
+    import inspect
+
+    import optuna
+
+    if not is_shared(url):
+        return optuna.storages.RDBStorage(url)
+    params = inspect.signature(optuna.storages.RDBStorage).parameters
+    name = "heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in params else "failed_trial_callback"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        # pool_pre_ping: a long search outlives server restarts and idle-connection reapers
+        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, heartbeat_interval=heartbeat,
+                                          grace_period=grace, **{name: _OnStale()})
+
+
+def reset_connections(rdb) -> None:
+    """Drop the storage's pooled connections, so the next operation opens a fresh one.
+
+    A KeyboardInterrupt that lands while the driver waits for the server (psycopg) leaves that connection in
+    the middle of a query; SQLAlchemy returns it to the pool as it is, and every later write through it fails
+    ("can't change 'autocommit' now: connection in transaction status ACTIVE"). Called before the trials in
+    flight are failed after an interrupt, so that clean-up cannot be lost to the interrupted query."""
+    registry = getattr(rdb, "scoped_session", None)
+    engine = getattr(rdb, "engine", None)
+    try:
+        if registry is not None:
+            registry.remove()
+        if engine is not None:
+            engine.dispose()
+    except Exception:  # noqa: BLE001  (a connection that cannot even be closed: the new pool does not need it)
+        pass
+
+
+# -- heartbeat ------------------------------------------------------------------------------------------------
+
+class Heartbeat:
+    """Beats for every trial in `held`, every `interval` seconds, from one daemon thread."""
+
+    def __init__(self, rdb, interval: float):
+        self.rdb, self.interval = rdb, interval
+        self._held: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="autotune-heartbeat", daemon=True)
+        self._thread.start()
+
+    def hold(self, trial_id: int) -> None:
+        self.rdb.record_heartbeat(trial_id)  # now: a trial without any heartbeat is never found stale
+        with self._lock:
+            self._held.add(trial_id)
+
+    def release(self, trial_id: int) -> None:
+        with self._lock:
+            self._held.discard(trial_id)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            with self._lock:
+                held = list(self._held)
+            for trial_id in held:
+                try:
+                    self.rdb.record_heartbeat(trial_id)
+                except Exception:  # a dropped connection: the next beat retries; the grace period covers a few
+                    pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+# -- claims' verdicts -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str                   # "mine" (build and evaluate it) | "judged" (reuse outcome) | "running" (skip)
+    number: int | None = None   # the owning trial elsewhere
+    outcome: object = None      # trial.Outcome, for "judged"
+
+
+MINE = Verdict("mine")
+
+
+class Solo:
+    """SQLite: this process is the study's only one."""
+
+    shared = False
+    running_elsewhere = 0
+    waiting = 0
+
+    def __init__(self, rdb, log: Callable[[str], None] = print):
+        self.rdb, self.log = rdb, log
+
+    def start(self, study, memory, search_space) -> None:
+        studies.fail_stale_running(study, log=self.log, on_failed=_OnStale().retry)  # the same retry-once rule
+
+    def held(self, trial) -> None:
+        pass
+
+    def released(self, trial) -> None:
+        pass
+
+    def claim(self, trial, config) -> Verdict:
+        return MINE
+
+    def refresh(self, force: bool = False) -> None:
+        pass
+
+    def others_active(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+class Shared:
+    """A server storage: heartbeats, claims and a refreshed view of the other processes (module docstring)."""
+
+    shared = True
+
+    def __init__(self, rdb, url: str, log: Callable[[str], None] = print):
+
+        self.rdb, self.log = rdb, log
+        on_stale = getattr(rdb, "heartbeat_stale_trial_callback", None) or getattr(rdb, "failed_trial_callback", None)
+        if isinstance(on_stale, _OnStale):
+            on_stale.log = log
+        self.claims = Claims(url)
+        self.heart = Heartbeat(rdb, rdb.heartbeat_interval)
+        self.running_elsewhere = 0   # distinct unjudged configs in RUNNING trials of other processes
+        self.waiting = 0             # WAITING trials (queued, e.g. retries of dead processes' trials)
+        self._mine: set[int] = set()
+        self._first_seen: dict[int, float] = {}  # other processes' RUNNING trials: when we first saw them
+        self._last = 0.0
+        self.study = self.memory = self.space = None
+
+    def start(self, study, memory, search_space) -> None:
+        self.study, self.memory, self.space = study, memory, search_space
+        self.refresh(force=True)
+
+    def held(self, trial) -> None:
+        self.heart.hold(trial._trial_id)
+        self._mine.add(trial._trial_id)
+
+    def released(self, trial) -> None:
+        self.heart.release(trial._trial_id)
+        self._mine.discard(trial._trial_id)
+
+    def claim(self, trial, config) -> Verdict:
+        """Claim `config` for `trial` (see claims.py); retried when a take-over races with another taker."""
+        from optuna.trial import TrialState
+
+        owner = None
+        for _ in range(5):
+            owner = self.claims.claim(self.study._study_id, config.key, trial._trial_id, trial.number)
+            if owner is None or owner.trial_id == trial._trial_id:
+                return MINE
+            try:
+                frozen = self.rdb.get_trial(owner.trial_id)
+            except KeyError:  # the trial is gone (study deleted and recreated): nothing to defer to
+                frozen = None
+            if frozen is not None and frozen.state == TrialState.RUNNING:
+                return Verdict("running", owner.trial_number)
+            if frozen is not None and frozen.state in (TrialState.COMPLETE, TrialState.PRUNED):
+                outcome = trial_mod.from_trial(frozen)
+                if outcome is not None:
+                    self.memory.remember(frozen.number, config, self.space.problem, outcome)
+                    return Verdict("judged", owner.trial_number, outcome)
+            if self.claims.take_over(self.study._study_id, config.key, owner, trial._trial_id, trial.number):
+                return MINE  # its owner failed (died, interrupted, cancelled): ours to evaluate now
+        return Verdict("running", owner.trial_number if owner else None)
+
+    def refresh(self, force: bool = False) -> None:
+        """Fail stale trials, absorb other processes' results, count what runs elsewhere (throttled)."""
+        import optuna
+        from optuna.trial import TrialState
+
+        now = time.monotonic()
+        if not force and now - self._last < REFRESH_SECONDS:
+            return
+        self._last = now
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)
+        trials = self.study.get_trials(deepcopy=False)
+        self.memory.absorb(trials, self.space.problem)
+        running: set = set()
+        waiting = 0
+        for t in trials:
+            if t.state == TrialState.WAITING:
+                waiting += 1
+            if t.state != TrialState.RUNNING or t._trial_id in self._mine:
+                continue
+            if now - self._first_seen.setdefault(t._trial_id, now) > STUCK_SECONDS:
+                continue  # nobody is finishing it (module docstring)
+            config = self.space.config_of(t.params)
+            if config is None:
+                running.add(("trial", t.number))  # still being asked: it will most likely become a config
+            elif config.key not in self.memory.by_config:
+                running.add(config.key)
+        self.running_elsewhere, self.waiting = len(running), waiting
+
+    def others_active(self) -> bool:
+        """Something elsewhere may still change what is left to do here (a running trial may finish or die
+        and be re-queued; a queued trial waits for an ask)."""
+        return self.running_elsewhere > 0 or self.waiting > 0
+
+    def close(self) -> None:
+        self.heart.close()
+        self.claims.close()
+
+
+def for_storage(rdb, url: str, log: Callable[[str], None] = print):
+    return Shared(rdb, url, log) if is_shared(url) else Solo(rdb, log)
+
+
+__all__ = ["DEFAULT_GRACE", "DEFAULT_HEARTBEAT", "Heartbeat", "MINE", "REFRESH_SECONDS", "Shared", "Solo", "Verdict",
+           "for_storage", "is_shared", "make_storage", "reset_connections"]

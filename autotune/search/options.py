@@ -1,0 +1,120 @@
+"""What a search is asked (SearchOptions) and what it answers (SearchResult, or SearchInterrupted on Ctrl-C).
+
+Shared by the loop (loop.py), the worker processes (distributed.py), campaigns and the sampler comparison, so
+none of them needs another's internals to describe a search.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from space import Arch, Config, Shape
+
+from ..build.spill_policy import SpillPolicy
+from ..measure.child_process import DEFAULT_EVALUATOR
+from .coordination import DEFAULT_GRACE, DEFAULT_HEARTBEAT
+from .retime import pick
+
+DEFAULT_TRIALS = 60          # ≈ 15-20 minutes on one H200 with 16 build cores; TPE settles after ~40
+DEFAULT_EVAL_TIMEOUT = 120.0  # seconds per evaluation (correctness check + timing), worker start excluded
+ASKS_PER_TRIAL = 30           # the ask cap: 30 asks per wanted trial (d128 has ~1 valid config in 13) + 200
+TOP_N = 5
+WAIT_SECONDS = 0.5            # shared storages: how often a worker with nothing to do looks at the others again
+
+
+@dataclass
+class SearchOptions:
+    shape: Shape
+    trials: int = DEFAULT_TRIALS
+    timeout: float | None = None           # wall seconds for the trial loop (the finale comes on top)
+    sampler: str = "tpe"
+    seed: int | None = 0
+    storage: str | None = None
+    study_name: str | None = None
+    arch: str | None = None                # default: the evaluator's GPU
+    families: tuple[str, ...] | None = None
+    spill_policy: SpillPolicy = field(default_factory=SpillPolicy)
+    jobs: int | None = None                # parallel nvcc processes (default: CPU count)
+    ahead: int | None = None               # configs per batch (default: jobs, at least 2)
+    eval_timeout: float = DEFAULT_EVAL_TIMEOUT
+    evaluator: str = DEFAULT_EVALUATOR
+    cache_dir: str | None = None
+    retime_top: int = 3
+    enqueue: tuple[Config, ...] = ()       # configs to try first (the heuristic default always is)
+    max_asks: int | None = None
+    nvcc_flags: tuple[str, ...] = ()       # extra nvcc flags (experiments, tests); part of the build cache key
+    workers: int = 1                       # worker processes on this host (distributed.py); > 1 needs a server storage
+    gpus: tuple[str, ...] | None = None    # CUDA_VISIBLE_DEVICES values for the workers (default: every visible GPU)
+    heartbeat: int = DEFAULT_HEARTBEAT     # shared storages: seconds between heartbeats of the trials in flight
+    grace: int = DEFAULT_GRACE             # shared storages: seconds without a heartbeat before a trial is dead
+    warm_start: int = 0                    # a fresh study first tries up to N best configs of tuned neighbour shapes
+    replay: object = None                  # a landscape file (or Landscape): no nvcc, no GPU, see landscapes/replay.py
+
+    def check(self) -> None:
+        if self.trials < 0:
+            raise ValueError(f"--trials: expected a count ≥ 0, got {self.trials}")
+        if self.timeout is not None and self.timeout <= 0:
+            raise ValueError(f"--timeout: expected seconds > 0, got {self.timeout}")
+        if self.jobs is not None and self.jobs < 1:
+            raise ValueError(f"--jobs: expected a count ≥ 1, got {self.jobs}")
+        if self.ahead is not None and self.ahead < 1:
+            raise ValueError(f"--ahead: expected a count ≥ 1, got {self.ahead}")
+        if self.eval_timeout <= 0:
+            raise ValueError(f"--eval-timeout: expected seconds > 0, got {self.eval_timeout}")
+        if self.retime_top < 1:
+            raise ValueError(f"retime_top: expected a count ≥ 1, got {self.retime_top}")
+        if self.max_asks is not None and self.max_asks < 1:
+            raise ValueError(f"max_asks: expected a count ≥ 1, got {self.max_asks}")
+        if self.workers < 1:
+            raise ValueError(f"--workers: expected a count ≥ 1, got {self.workers}")
+        if self.heartbeat < 1 or self.grace <= self.heartbeat:
+            raise ValueError(f"--heartbeat {self.heartbeat} / --grace {self.grace}: expected whole seconds with "
+                             "1 ≤ heartbeat < grace (a grace of 3-6 heartbeats rides out a busy host)")
+        if self.warm_start < 0:
+            raise ValueError(f"--warm-start: expected a count ≥ 0, got {self.warm_start}")
+
+
+@dataclass
+class SearchResult:
+    study_name: str
+    storage: str
+    gpu_name: str
+    arch: Arch
+    shape: Shape
+    target: int
+    evaluated: int                          # distinct configs built in the study, after this run
+    this_run: Counter                       # statuses of trials told in this run
+    counts: Counter                         # statuses of every finished trial of the study
+    asks: int
+    stop_reason: str
+    top: list = field(default_factory=list)  # FrozenTrials, best first (up to 5)
+    retimed: list = field(default_factory=list)
+    record: object | None = None            # best_table.RecordResult
+    baselines: dict = field(default_factory=dict)
+    idle_seconds: float = 0.0               # GPU idle while the compiler had its next work
+    idle_other_seconds: float = 0.0         # GPU idle otherwise (asking, telling, worker start)
+    first_eval_after: float | None = None   # seconds until the first evaluation started
+    build_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    interrupted: bool = False               # Ctrl-C: in-flight trials failed, no re-timing, nothing stored
+    workers: list[str] = field(default_factory=list)  # --workers: one line per worker process
+
+    @property
+    def best(self):
+        return pick(self.retimed)
+
+
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C ended the search cleanly: the trials in flight are failed as 'interrupted', the storage is
+    consistent, and `result` holds the summary so far (nothing was re-timed or stored). Still a
+    KeyboardInterrupt, so a library caller that does not look for it stops as it would on any Ctrl-C."""
+
+    def __init__(self, result: "SearchResult"):
+        super().__init__(result.stop_reason)
+        self.result = result
+
+
+__all__ = ["ASKS_PER_TRIAL", "DEFAULT_EVAL_TIMEOUT", "DEFAULT_TRIALS", "SearchInterrupted", "SearchOptions",
+           "SearchResult", "TOP_N", "WAIT_SECONDS"]

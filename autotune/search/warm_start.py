@@ -1,0 +1,84 @@
+"""Warm start: the configs a fresh study of a shape tries first, taken from the shapes already tuned nearby.
+
+Neighbours are the best-per-shape rows (store/best_table.py) on the same GPU, arch, dtype, head_dim and causal
+flag (those decide which configs are valid at all), ranked by the runtime's nearest-neighbour metric
+(store.nearest.distance: log2 seqlen and log2 batch·heads, so seqlen 2048 → 4096 is a distance of 1). The
+choice, up to `k` configs:
+
+  1. the stored best of each neighbour, nearest first (each was re-timed and won its own study);
+  2. then the next-best trials of the neighbours' studies, nearest study first, when those studies are in
+     the same storage (a table imported from elsewhere has rows without studies: step 1 still works).
+
+Every config is checked against the new shape's rules before it is queued; the search queues them ahead of the
+heuristic default (search.loop.queue_first), so the sampler's first trials are the neighbours' winners.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import space
+from space import Arch, Config, Shape
+
+from ..store.best_table import BestStore
+from ..store.nearest import distance
+from . import study as studies
+
+
+def neighbour_configs(store, storage, shape: Shape, gpu_name: str, arch: Arch, k: int,
+                      log: Callable[[str], None] = print) -> list[Config]:
+    """Up to k configs for `shape` from its tuned neighbours (module docstring). `store`: a BestStore or the
+    URL to open one at; `storage`: the Optuna storage holding the neighbours' studies (or None)."""
+    if k <= 0:
+        return []
+    own = isinstance(store, str)
+    table = BestStore(store) if own else store
+    try:
+        if not hasattr(table, "all_rows"):  # e.g. a replay's store, which holds nothing
+            return []
+        rows = table.all_rows(gpu_name=gpu_name, arch=arch.name, dtype=shape.dtype, head_dim=shape.head_dim,
+                              causal=shape.causal)
+    finally:
+        if own:
+            table.close()
+    ranked = sorted(rows, key=lambda r: (distance(shape, r.shape), -r.tflops))
+    chosen: list[Config] = []
+    used: list[str] = []
+
+    def take(key: str, source) -> None:
+        if len(chosen) >= k:
+            return
+        try:
+            config = Config.from_key(key)
+        except (KeyError, ValueError):
+            return  # from another version of the space
+        if config in chosen or not space.is_valid(config, shape.problem, arch):
+            return
+        chosen.append(config)
+        if source not in used:
+            used.append(source)
+
+    for row in ranked:
+        take(row.config_key, row)
+    for row in ranked:
+        for key in _study_top(storage, row.study, k):
+            take(key, row)
+    if chosen:
+        names = ", ".join(f"{r.shape.key} (distance {distance(shape, r.shape):.2f})" for r in used)
+        log(f"warm start: {len(chosen)} config(s) from tuned neighbour(s) {names}")
+    return chosen
+
+
+def _study_top(storage, name: str | None, k: int) -> list[str]:
+    """Config keys of the best trials of study `name` (none when it is not in this storage)."""
+    import optuna
+
+    if storage is None or not name:
+        return []
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return []
+    return [t.user_attrs["config_key"] for t in studies.top_trials(study, k)]
+
+
+__all__ = ["neighbour_configs"]

@@ -1,0 +1,245 @@
+"""The best-per-shape table: keep-the-faster, nothing lost, JSON round trips, next to Optuna's tables; and the
+storage URL resolution order."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+
+import pytest
+
+import space
+from autotune.store import storage_url
+from autotune.store.best_table import SCHEMA_VERSION, TABLE, BestEntry, BestStore, StoreError
+
+SHAPE = space.Shape(batch=4, heads=16, seqlen_q=4096, head_dim=128)
+CONFIG = space.default_config(SHAPE.problem, space.get_arch("sm_90"))
+OTHER = CONFIG.replace(bc=128)
+
+
+def entry(tflops: float, shape=SHAPE, config=CONFIG, gpu="NVIDIA H200", arch="sm_90", **kw) -> BestEntry:
+    prov = dict(time_ms=shape.flops / tflops / 1e9, spread_ms=0.002, study="s", trial=7, kernel_source_hash="abc",
+                nvcc_version="V13.0")
+    prov.update(kw)
+    return BestEntry.for_shape(shape, gpu, arch, config, tflops, **prov)
+
+
+@pytest.fixture
+def url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
+
+
+def test_record_inserts_then_keeps_the_faster_row(url):
+    with BestStore(url) as store:
+        assert store.record_best(entry(300.0)).action == "inserted"
+        kept = store.record_best(entry(290.0, config=OTHER, trial=9))
+        assert kept.action == "kept" and kept.entry.config_key == CONFIG.key and kept.entry.tflops == 300.0
+        tie = store.record_best(entry(300.0, config=OTHER))
+        assert tie.action == "kept" and tie.entry.config_key == CONFIG.key  # ties do not churn
+        replaced = store.record_best(entry(320.0, config=OTHER, trial=11))
+        assert replaced.action == "replaced" and replaced.previous.tflops == 300.0
+        row = store.lookup("NVIDIA H200", "sm_90", SHAPE)
+        assert (row.config_key, row.tflops, row.trial) == (OTHER.key, 320.0, 11)
+        assert row.config == OTHER.as_dict() and space.Config.from_dict(row.config) == OTHER
+        # the slower row was moved aside, not deleted
+        moved = store.replaced_rows()
+        assert [(m["config_key"], m["tflops"], m["replaced_by"]) for m in moved] == [(CONFIG.key, 300.0, "s #11")]
+
+
+def test_row_keeps_provenance_and_utc_time(url):
+    with BestStore(url) as store:
+        store.record_best(entry(300.0))
+        row = store.lookup("NVIDIA H200", "sm_90", SHAPE)
+    assert (row.study, row.trial, row.kernel_source_hash, row.nvcc_version) == ("s", 7, "abc", "V13.0")
+    assert row.created.utcoffset().total_seconds() == 0
+    assert row.shape == SHAPE and row.family == CONFIG.family
+
+
+def test_lookup_is_exact_per_key_column(url):
+    with BestStore(url) as store:
+        store.record_best(entry(300.0))
+        assert store.lookup("NVIDIA H200", "sm_90", SHAPE) is not None
+        for other in (dataclasses.replace(SHAPE, seqlen_q=2048), dataclasses.replace(SHAPE, causal=True),
+                      dataclasses.replace(SHAPE, kv_heads=4), dataclasses.replace(SHAPE, seqlen_k=1024),
+                      dataclasses.replace(SHAPE, batch=8), dataclasses.replace(SHAPE, dtype="bf16")):
+            assert store.lookup("NVIDIA H200", "sm_90", other) is None, other
+        assert store.lookup("NVIDIA H100", "sm_90", SHAPE) is None
+        assert store.lookup("NVIDIA H200", "sm_100", SHAPE) is None
+
+
+def test_all_rows_filters_and_sorts(url):
+    with BestStore(url) as store:
+        store.record_best(entry(300.0, shape=dataclasses.replace(SHAPE, seqlen_q=8192)))
+        store.record_best(entry(310.0))
+        store.record_best(entry(200.0, shape=dataclasses.replace(SHAPE, causal=True)))
+        store.record_best(entry(100.0, gpu="NVIDIA A100-SXM4-80GB", arch="sm_80"))
+        assert [r.seqlen for r in store.all_rows(gpu="h200", causal=False)] == [4096, 8192]
+        assert [r.gpu_name for r in store.all_rows(arch="sm_80")] == ["NVIDIA A100-SXM4-80GB"]
+        assert len(store.all_rows()) == 4
+        assert [r.tflops for r in store.all_rows(causal=True)] == [200.0]
+        with pytest.raises(ValueError, match="unknown column"):
+            store.all_rows(seqlen_q=4096)
+
+
+def test_export_is_sorted_indented_and_round_trips(url, tmp_path):
+    rows = [entry(310.0), entry(300.0, shape=dataclasses.replace(SHAPE, seqlen_q=1024)),
+            entry(150.0, gpu="NVIDIA A100", arch="sm_80")]
+    with BestStore(url) as store:
+        for r in rows:
+            store.record_best(r)
+        path = tmp_path / "h200.json"
+        assert store.export_json(path, gpu="h200") == 2
+    text = path.read_text()
+    doc = json.loads(text)
+    assert doc["format"] == "autotune-best" and doc["schema_version"] == SCHEMA_VERSION
+    assert [r["seqlen"] for r in doc["rows"]] == [1024, 4096]       # sorted by key
+    assert text == json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"  # reviewable: stable text
+
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    with BestStore(other) as fresh:
+        counts = fresh.import_json(path)
+        assert (counts.inserted, counts.replaced, counts.kept) == (2, 0, 0)
+        back = fresh.all_rows()
+    assert [r.to_json() for r in back] == doc["rows"]
+    # exporting the imported table gives the same file
+    with BestStore(other) as fresh:
+        fresh.export_json(tmp_path / "again.json")
+    assert (tmp_path / "again.json").read_text() == text
+
+
+def test_import_never_loses_a_faster_existing_row(url, tmp_path):
+    path = tmp_path / "shipped.json"
+    with BestStore(f"sqlite:///{tmp_path / 'ship.db'}") as ship:
+        ship.record_best(entry(250.0, config=OTHER))                                  # slower than ours
+        ship.record_best(entry(400.0, shape=dataclasses.replace(SHAPE, seqlen_q=1024)))  # faster than ours
+        ship.record_best(entry(100.0, shape=dataclasses.replace(SHAPE, seqlen_q=512)))   # new key
+        ship.export_json(path)
+    with BestStore(url) as store:
+        store.record_best(entry(300.0))
+        store.record_best(entry(350.0, shape=dataclasses.replace(SHAPE, seqlen_q=1024), config=OTHER))
+        counts = store.import_json(path)
+        assert (counts.inserted, counts.replaced, counts.kept) == (1, 1, 1)
+        by_seqlen = {r.seqlen: r for r in store.all_rows()}
+        assert by_seqlen[4096].tflops == 300.0 and by_seqlen[4096].config_key == CONFIG.key
+        assert by_seqlen[1024].tflops == 400.0 and by_seqlen[512].tflops == 100.0
+        moved = store.replaced_rows()
+        assert [(m["seqlen"], m["tflops"], m["replaced_by"]) for m in moved] == [(1024, 350.0, "import shipped.json")]
+
+
+@pytest.mark.parametrize("mutate,expect", [
+    (lambda d: d["rows"][1].pop("tflops"), r"rows\[1\]: missing field\(s\) \['tflops'\]"),
+    (lambda d: d["rows"][0].update(head_dim="128"), r"rows\[0\]: head_dim: expected an integer"),
+    (lambda d: d["rows"][0].update(tflops=-1.0), r"rows\[0\]: tflops: expected a positive"),
+    (lambda d: d["rows"][1].update(colour="red"), r"rows\[1\]: unknown field\(s\) \['colour'\]"),
+    (lambda d: d.update(schema_version=SCHEMA_VERSION + 1), "schema_version"),
+    (lambda d: d.update(format="something-else"), "format"),
+    (lambda d: d["rows"].append(dict(d["rows"][0])), r"rows\[2\] has the same key as rows\[0\]"),
+])
+def test_import_rejects_malformed_files_before_writing_anything(url, tmp_path, mutate, expect):
+    src = tmp_path / "good.json"
+    with BestStore(f"sqlite:///{tmp_path / 'src.db'}") as s:
+        s.record_best(entry(300.0))
+        s.record_best(entry(200.0, shape=dataclasses.replace(SHAPE, seqlen_q=1024)))
+        s.export_json(src)
+    doc = json.loads(src.read_text())
+    mutate(doc)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with BestStore(url) as store:
+        with pytest.raises(StoreError, match=expect):
+            store.import_json(bad)
+        assert store.all_rows() == []  # validated as a whole first: nothing half-imported
+
+
+def test_import_names_unreadable_files(url, tmp_path):
+    with BestStore(url) as store:
+        with pytest.raises(StoreError, match="cannot read"):
+            store.import_json(tmp_path / "missing.json")
+        (tmp_path / "x.json").write_text("{not json")
+        with pytest.raises(StoreError, match="not valid JSON"):
+            store.import_json(tmp_path / "x.json")
+
+
+def test_lives_beside_optuna_without_touching_its_tables(url):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage_url.prepare(url)  # SQLite creates the file, not its directory
+    study = optuna.create_study(study_name="keep-me", storage=url, direction="maximize")
+    study.enqueue_trial({"x": 1})
+    path = storage_url.sqlite_path(url)
+
+    def tables():
+        with sqlite3.connect(path) as con:
+            return {name: con.execute(f"select count(*) from {name}").fetchone()[0]
+                    for (name,) in con.execute("select name from sqlite_master where type='table'")}
+
+    before = tables()
+    with BestStore(url) as store:
+        store.record_best(entry(300.0))
+        assert store.schema_version == SCHEMA_VERSION
+    after = tables()
+    ours = {TABLE, f"{TABLE}_replaced", "autotune_meta"}
+    assert ours.isdisjoint(before) and ours <= set(after)
+    assert {k: v for k, v in after.items() if k not in ours} == before  # Optuna's tables: same tables, same rows
+    with sqlite3.connect(path) as con:
+        assert con.execute("select value from autotune_meta where key=?", (f"{TABLE}.schema_version",)).fetchone() \
+            == (str(SCHEMA_VERSION),)
+    assert optuna.load_study(study_name="keep-me", storage=url).trials[0].state.name == "WAITING"
+
+
+def test_refuses_a_newer_schema(url):
+    BestStore(url).close()
+    with sqlite3.connect(storage_url.sqlite_path(url)) as con:
+        con.execute("update autotune_meta set value=? where key=?", (str(SCHEMA_VERSION + 1), f"{TABLE}.schema_version"))
+    with pytest.raises(StoreError, match="newer than this autotune"):
+        BestStore(url)
+
+
+def test_entry_validation():
+    for bad in (float("nan"), float("inf"), 0.0, -5.0):
+        with pytest.raises(ValueError, match="tflops"):
+            BestEntry.for_shape(SHAPE, "NVIDIA H200", "sm_90", CONFIG, bad)
+
+
+# ---- storage URL resolution -----------------------------------------------------------------------------------
+
+def test_storage_url_order(monkeypatch, tmp_path):
+    monkeypatch.delenv(storage_url.ENV_VAR, raising=False)
+    default = storage_url.resolve_storage_url(None)
+    assert default == storage_url.default_storage_url()
+    assert default.startswith("sqlite:///") and default.endswith("/studies/autotune.db")
+
+    monkeypatch.setenv(storage_url.ENV_VAR, "sqlite:///from-env.db")
+    assert storage_url.resolve_storage_url(None) == "sqlite:///from-env.db"          # env beats the default
+    assert storage_url.resolve_storage_url("sqlite:///explicit.db") == "sqlite:///explicit.db"  # argument beats env
+
+    monkeypatch.setenv(storage_url.ENV_VAR, "  ")
+    with pytest.raises(ValueError, match=r"\$AUTOTUNE_STORAGE"):
+        storage_url.resolve_storage_url(None)
+    with pytest.raises(ValueError, match="--storage"):
+        storage_url.resolve_storage_url("")
+
+
+def test_default_root_is_the_checkout_when_running_from_source():
+    root = storage_url.default_root()
+    assert (root / "autotune" / "store" / "storage_url.py").is_file() and (root / "studies").is_dir()
+
+
+def test_default_root_falls_back_to_cwd(monkeypatch, tmp_path):
+    fake_module_dir = tmp_path / "site-packages" / "autotune" / "store"
+    fake_module_dir.mkdir(parents=True)
+    monkeypatch.setattr(storage_url, "__file__", str(fake_module_dir / "storage_url.py"))
+    monkeypatch.chdir(tmp_path)
+    assert storage_url.default_root() == tmp_path
+    assert storage_url.default_storage_url() == f"sqlite:///{tmp_path}/studies/autotune.db"
+
+
+def test_sqlite_helpers(tmp_path):
+    url = f"sqlite:///{tmp_path / 'a' / 'b' / 'x.db'}"
+    assert storage_url.sqlite_path(url) == tmp_path / "a" / "b" / "x.db"
+    storage_url.prepare(url)
+    assert (tmp_path / "a" / "b").is_dir()
+    assert storage_url.sqlite_path("sqlite://") is None and storage_url.sqlite_path("sqlite:///:memory:") is None
+    assert storage_url.sqlite_path("postgresql://u:secret@host/db") is None
+    assert "secret" not in storage_url.describe("postgresql://u:secret@host/db")
