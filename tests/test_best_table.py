@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +16,8 @@ from autotune.store.best_table import SCHEMA_VERSION, TABLE, BestEntry, BestStor
 
 SHAPE = space.Shape(batch=4, heads=16, seqlen_q=4096, head_dim=128)
 CONFIG = space.default_config(SHAPE.problem, space.get_arch("sm_90"))
-OTHER = CONFIG.replace(bc=128)
+OTHER = CONFIG.replace(bc=64)  # (bc=128 was the default itself: OTHER must differ)
+A100_CONFIG = space.default_config(SHAPE.problem, space.get_arch("sm_80"))  # rows must be valid for their arch
 
 
 def entry(tflops: float, shape=SHAPE, config=CONFIG, gpu="NVIDIA H200", arch="sm_90", **kw) -> BestEntry:
@@ -26,6 +29,7 @@ def entry(tflops: float, shape=SHAPE, config=CONFIG, gpu="NVIDIA H200", arch="sm
 
 @pytest.fixture
 def url(tmp_path) -> str:
+    (tmp_path / "studies").mkdir()  # only the default storage's directory is created for the user
     return f"sqlite:///{tmp_path / 'studies' / 'autotune.db'}"
 
 
@@ -72,7 +76,7 @@ def test_all_rows_filters_and_sorts(url):
         store.record_best(entry(300.0, shape=dataclasses.replace(SHAPE, seqlen_q=8192)))
         store.record_best(entry(310.0))
         store.record_best(entry(200.0, shape=dataclasses.replace(SHAPE, causal=True)))
-        store.record_best(entry(100.0, gpu="NVIDIA A100-SXM4-80GB", arch="sm_80"))
+        store.record_best(entry(100.0, gpu="NVIDIA A100-SXM4-80GB", arch="sm_80", config=A100_CONFIG))
         assert [r.seqlen for r in store.all_rows(gpu="h200", causal=False)] == [4096, 8192]
         assert [r.gpu_name for r in store.all_rows(arch="sm_80")] == ["NVIDIA A100-SXM4-80GB"]
         assert len(store.all_rows()) == 4
@@ -83,7 +87,7 @@ def test_all_rows_filters_and_sorts(url):
 
 def test_export_is_sorted_indented_and_round_trips(url, tmp_path):
     rows = [entry(310.0), entry(300.0, shape=dataclasses.replace(SHAPE, seqlen_q=1024)),
-            entry(150.0, gpu="NVIDIA A100", arch="sm_80")]
+            entry(150.0, gpu="NVIDIA A100", arch="sm_80", config=A100_CONFIG)]
     with BestStore(url) as store:
         for r in rows:
             store.record_best(r)
@@ -126,29 +130,85 @@ def test_import_never_loses_a_faster_existing_row(url, tmp_path):
         assert [(m["seqlen"], m["tflops"], m["replaced_by"]) for m in moved] == [(1024, 350.0, "import shipped.json")]
 
 
-@pytest.mark.parametrize("mutate,expect", [
-    (lambda d: d["rows"][1].pop("tflops"), r"rows\[1\]: missing field\(s\) \['tflops'\]"),
-    (lambda d: d["rows"][0].update(head_dim="128"), r"rows\[0\]: head_dim: expected an integer"),
-    (lambda d: d["rows"][0].update(tflops=-1.0), r"rows\[0\]: tflops: expected a positive"),
-    (lambda d: d["rows"][1].update(colour="red"), r"rows\[1\]: unknown field\(s\) \['colour'\]"),
-    (lambda d: d.update(schema_version=SCHEMA_VERSION + 1), "schema_version"),
-    (lambda d: d.update(format="something-else"), "format"),
-    (lambda d: d["rows"].append(dict(d["rows"][0])), r"rows\[2\] has the same key as rows\[0\]"),
-])
-def test_import_rejects_malformed_files_before_writing_anything(url, tmp_path, mutate, expect):
+def _exported(tmp_path) -> dict:
+    """An export of two good rows: rows[0] is seqlen 1024, rows[1] seqlen 4096 (sorted by key)."""
     src = tmp_path / "good.json"
     with BestStore(f"sqlite:///{tmp_path / 'src.db'}") as s:
         s.record_best(entry(300.0))
         s.record_best(entry(200.0, shape=dataclasses.replace(SHAPE, seqlen_q=1024)))
         s.export_json(src)
-    doc = json.loads(src.read_text())
+    return json.loads(src.read_text())
+
+
+def _mutated(tmp_path, mutate) -> Path:
+    """The export of `_exported`, changed by `mutate(doc)`, written to bad.json."""
+    doc = _exported(tmp_path)
     mutate(doc)
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
+    return bad
+
+
+@pytest.mark.parametrize("mutate,expect", [
+    (lambda d: d.update(schema_version=SCHEMA_VERSION + 1), "schema_version"),
+    (lambda d: d.update(format="something-else"), "format"),
+    (lambda d: d.update(rows={"a": 1}), "expected a list"),
+])
+def test_import_refuses_a_file_that_is_not_an_export_before_writing_anything(url, tmp_path, mutate, expect):
+    bad = _mutated(tmp_path, mutate)
     with BestStore(url) as store:
         with pytest.raises(StoreError, match=expect):
             store.import_json(bad)
-        assert store.all_rows() == []  # validated as a whole first: nothing half-imported
+        assert store.all_rows() == []  # checked as a file first: nothing half-imported
+
+
+def _set_config(d, config):
+    d["rows"][0].update(config_key=config.key, config=config.as_dict(), family=config.family)
+
+
+@pytest.mark.parametrize("mutate,expect", [
+    (lambda d: d["rows"][0].pop("tflops"), r"rows\[0\]: missing field\(s\) \['tflops'\]"),
+    (lambda d: d["rows"][0].update(head_dim="128"), r"rows\[0\]: head_dim: expected an integer"),
+    (lambda d: d["rows"][0].update(tflops=-5.0), r"rows\[0\]: tflops: expected a positive"),
+    (lambda d: d["rows"][0].update(tflops="fast"), r"rows\[0\]: tflops: expected a positive"),
+    (lambda d: d["rows"][0].update(time_ms=float("nan")), r"rows\[0\]: time_ms: expected a positive finite"),
+    (lambda d: d["rows"][0].update(colour="red"), r"rows\[0\]: unknown field\(s\) \['colour'\]"),
+    (lambda d: d["rows"][0].update(config_key="wgmma:nope=1"), r"rows\[0\]: config_key 'wgmma:nope=1' not understood"),
+    (lambda d: d["rows"][0].update(config_key="nofamily:br=64"), r"rows\[0\]: config_key .* not understood"),
+    (lambda d: d["rows"][0].update(config=OTHER.as_dict()), r"rows\[0\]: config contradicts config_key .*bc"),
+    (lambda d: d["rows"][0].update(family="mma_sync"), r"rows\[0\]: family 'mma_sync' contradicts"),
+    (lambda d: d["rows"][0].update(arch="sm_80"), r"rows\[0\]: .* cannot run on sm_80"),
+    (lambda d: d["rows"][0].update(arch="sm_7"), r"rows\[0\]: arch"),
+    (lambda d: d["rows"][0].update(kv_heads=3), r"rows\[0\]: not a valid shape"),
+    (lambda d: _set_config(d, A100_CONFIG.replace(br=64, warps_m=8)), r"rows\[0\]: .* cannot run on sm_90"),
+])
+def test_import_skips_a_bad_row_by_its_index_and_keeps_the_good_ones(url, tmp_path, mutate, expect):
+    bad = _mutated(tmp_path, mutate)
+    with BestStore(url) as store:
+        counts = store.import_json(bad)
+        assert (counts.inserted, len(counts.skipped)) == (1, 1), counts
+        assert re.search(expect, counts.skipped[0]) and str(bad) in counts.skipped[0]
+        assert [r.seqlen for r in store.all_rows()] == [4096]  # the good row is kept
+
+
+def test_import_skips_a_repeated_key_and_keeps_the_first(url, tmp_path):
+    bad = _mutated(tmp_path, lambda d: d["rows"].append(dict(d["rows"][0], tflops=999.0)))
+    with BestStore(url) as store:
+        counts = store.import_json(bad)
+        assert counts.inserted == 2 and len(counts.skipped) == 1
+        assert "rows[2] has the same key as rows[0]" in counts.skipped[0]
+        assert sorted(r.tflops for r in store.all_rows()) == [200.0, 300.0]
+
+
+def test_a_bad_stored_row_costs_that_row_not_the_table(url):
+    with BestStore(url) as store:
+        store.record_best(entry(300.0))
+        store.record_best(entry(200.0, shape=dataclasses.replace(SHAPE, seqlen_q=1024)))
+    with sqlite3.connect(storage_url.sqlite_path(url)) as con:  # edited by hand, or by another version
+        con.execute(f"update {TABLE} set tflops=-5 where seqlen=1024")
+    with BestStore(url, read_only=True) as store:
+        assert [r.seqlen for r in store.all_rows()] == [4096]
+        assert len(store.skipped) == 1 and "seqlen 1024" in store.skipped[0] and "tflops" in store.skipped[0]
 
 
 def test_import_names_unreadable_files(url, tmp_path):
@@ -238,8 +298,6 @@ def test_default_root_falls_back_to_cwd(monkeypatch, tmp_path):
 def test_sqlite_helpers(tmp_path):
     url = f"sqlite:///{tmp_path / 'a' / 'b' / 'x.db'}"
     assert storage_url.sqlite_path(url) == tmp_path / "a" / "b" / "x.db"
-    storage_url.prepare(url)
-    assert (tmp_path / "a" / "b").is_dir()
     assert storage_url.sqlite_path("sqlite://") is None and storage_url.sqlite_path("sqlite:///:memory:") is None
     assert storage_url.sqlite_path("postgresql://u:secret@host/db") is None
     assert "secret" not in storage_url.describe("postgresql://u:secret@host/db")

@@ -68,6 +68,7 @@ def store_rows(url: str, *entries: BestEntry) -> None:
 def shipped_dir(tmp_path, *entries: BestEntry, name="h200.json") -> Path:
     """A tables directory holding one file written by the store's own export (the shipped format)."""
     d = tmp_path / "tuned"
+    d.mkdir(exist_ok=True)
     staging = f"sqlite:///{tmp_path / ('staging-' + name + '.db')}"
     store_rows(staging, *entries)
     with BestStore(staging) as s:

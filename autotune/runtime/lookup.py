@@ -28,7 +28,6 @@ This module imports no torch at import time; only `resolve()` (which loads kerne
 """
 from __future__ import annotations
 
-import importlib
 import math
 import os
 import sys
@@ -61,6 +60,7 @@ class StorageWarning(UserWarning):
 _lock = threading.RLock()
 _shipped: dict[Path, tuple[Candidate, ...]] = {}
 _storage_rows: dict[tuple, tuple[Candidate, ...]] = {}
+_skipped_rows: dict[Any, tuple[str, ...]] = {}  # per tables dir / storage key: the rows left out, and why
 _selections: dict[tuple, "Selection"] = {}
 _plans: dict[tuple, "Plan"] = {}
 _builders: dict[str, Any] = {}
@@ -72,7 +72,7 @@ _default_urls: dict[str | None, str] = {}
 def clear_caches() -> None:
     """Forget every cached row, selection, build and device: the next call looks everything up again."""
     with _lock:
-        for cache in (_shipped, _storage_rows, _selections, _plans, _builders, _devices, _default_tables,
+        for cache in (_shipped, _storage_rows, _skipped_rows, _selections, _plans, _builders, _devices, _default_tables,
                       _default_urls):
             cache.clear()
 
@@ -128,8 +128,9 @@ def _find_tables_dir() -> Path | None:
 
 
 def shipped_candidates(tables_dir: Path | None) -> tuple[Candidate, ...]:
-    """Every row of every *.json in tables_dir (parsed once per process). A file that does not parse is skipped
-    with a warning: a broken shipped table must not take attention() down with it."""
+    """Every usable row of every *.json in tables_dir (parsed once per process). A file that does not parse, or
+    a row that best_table.row_problem rejects, is skipped with a warning: a broken shipped table must not take
+    attention() down with it, nor one bad row the rest of its file."""
     if tables_dir is None:
         return ()
     tables_dir = Path(tables_dir)
@@ -140,11 +141,18 @@ def shipped_candidates(tables_dir: Path | None) -> tuple[Candidate, ...]:
         from ..store.best_table import StoreError, read_export  # sqlalchemy: only when a table is read
 
         out: list[Candidate] = []
+        skipped: list[str] = []
         for path in sorted(tables_dir.glob("*.json")):
             try:
-                out += [Candidate(e, "shipped", str(path)) for e in read_export(path)]
+                rows = read_export(path)
             except StoreError as e:
                 warnings.warn(f"autotune: skipping shipped table {path}: {e}", InvalidRowWarning, stacklevel=2)
+                continue
+            for why in rows.skipped:  # one bad row costs that row; the file's good rows are kept
+                warnings.warn(f"autotune: skipping shipped row {why}", InvalidRowWarning, stacklevel=2)
+                skipped.append(f"skipped shipped row {why}")
+            out += [Candidate(e, "shipped", str(path)) for e in rows.entries]
+        _skipped_rows[tables_dir] = tuple(skipped)
         _shipped[tables_dir] = tuple(out)
         return _shipped[tables_dir]
 
@@ -160,27 +168,32 @@ def storage_candidates(url: str, gpu_name: str, arch: Arch, problem: Problem) ->
         cached = _storage_rows.get(key)
         if cached is not None:
             return cached
-        rows = _read_storage(url, gpu_name, arch, problem)
+        rows, skipped = _read_storage(url, gpu_name, arch, problem)
+        _skipped_rows[key] = skipped
         _storage_rows[key] = rows
         return rows
 
 
-def _read_storage(url: str, gpu_name: str, arch: Arch, problem: Problem) -> tuple[Candidate, ...]:
+def _read_storage(url: str, gpu_name: str, arch: Arch, problem: Problem) -> tuple[tuple[Candidate, ...], tuple[str, ...]]:
+    """(the usable rows, the rows left out with why)."""
     path = storage_url.sqlite_path(url)
     if path is not None and not path.expanduser().is_file():
-        return ()
+        return (), ()
     from ..store.best_table import BestStore  # sqlalchemy: only when a storage is read
 
     where = storage_url.describe(url)
     try:
-        with BestStore(url) as store:
+        with BestStore(url, read_only=True) as store:  # the runtime never creates or writes anything there
             entries = store.all_rows(gpu_name=gpu_name, arch=arch.name, dtype=problem.dtype,
                                      head_dim=problem.head_dim, causal=problem.causal)
+            skipped = store.skipped
     except Exception as e:  # SQLAlchemyError, StoreError (newer schema), OSError, a missing DB driver, ...
         warnings.warn(f"autotune: cannot read tuned configs from {where} ({type(e).__name__}: {e}); "
                       "going on with the shipped tables and the default", StorageWarning, stacklevel=3)
-        return ()
-    return tuple(Candidate(e, "storage", where) for e in entries)
+        return (), ()
+    for why in skipped:  # one bad row costs that row, not the user's whole table
+        warnings.warn(f"autotune: skipping stored row {why}", InvalidRowWarning, stacklevel=3)
+    return tuple(Candidate(e, "storage", where) for e in entries), tuple(f"skipped stored row {w}" for w in skipped)
 
 
 # ---- the choice -------------------------------------------------------------------------------------------
@@ -241,18 +254,6 @@ def _same_key(c: Candidate, shape: Shape) -> bool:
         shape.seqlen_q, shape.seqlen_k, shape.batch, shape.heads, shape.kv_heads)
 
 
-def _parse_config(key: str) -> Config:
-    """Config.from_key, registering the key's family first: space/__init__ imports only some families (a table
-    from a search over the wgmma family must not look invalid because nothing imported space/wgmma.py yet)."""
-    family = key.partition(":")[0]
-    if family not in space.FAMILIES and family.isidentifier():
-        try:
-            importlib.import_module(f"space.{family}")
-        except ModuleNotFoundError:
-            pass  # from_key's error names the unknown family
-    return Config.from_key(key)
-
-
 class _Checker:
     """Decides whether a tuned row can be used for one (problem, arch), noting and warning once per skipped row."""
 
@@ -282,7 +283,9 @@ class _Checker:
         if ident in self._verdicts:
             return self._verdicts[ident]
         try:
-            config = _parse_config(c.entry.config_key)
+            from ..store.best_table import parse_config_key  # sqlalchemy: only when a row is checked
+
+            config = parse_config_key(c.entry.config_key)
             problems = [str(v) for v in space.violations(config, self.problem, self.arch)]
         except (ValueError, KeyError) as e:
             config, problems = None, [f"config key {c.entry.config_key!r} not understood: {e}"]
@@ -359,7 +362,11 @@ def _select(shape: Shape, gpu_name: str, arch: Arch, url: str, tables: Path | No
     problem = shape.problem
     checker = _Checker(problem, arch)
     stored = storage_candidates(url, gpu_name, arch, problem)
-    shipped = tuple(c for c in shipped_candidates(tables)
+    all_shipped = shipped_candidates(tables)
+    # Rows left out when read (best_table.row_problem) are said in explain() like rows rejected here.
+    checker.notes += _skipped_rows.get((url, gpu_name, arch.name, problem), ())
+    checker.notes += _skipped_rows.get(tables, ()) if tables is not None else ()
+    shipped = tuple(c for c in all_shipped
                     if c.entry.gpu_name == gpu_name and c.entry.arch == arch.name and c.entry.dtype == problem.dtype
                     and c.entry.head_dim == problem.head_dim and c.entry.causal == problem.causal)
 

@@ -17,16 +17,21 @@ same keep-the-faster rule and reports what it did.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
+import importlib
 import json
 import math
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, MetaData, String, UniqueConstraint, create_engine, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import (JSON, Boolean, DateTime, Float, Integer, MetaData, String, UniqueConstraint, create_engine, inspect,
+                        select)
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import space
@@ -202,6 +207,60 @@ class BestEntry:
         return d
 
 
+def parse_config_key(key: str) -> space.Config:
+    """Config.from_key, registering the key's family first: space/__init__ imports only some families (a table
+    from a search over another family must not look invalid because nothing imported space/<family>.py yet)."""
+    family = key.partition(":")[0]
+    if family not in space.FAMILIES and family.isidentifier():
+        try:
+            importlib.import_module(f"space.{family}")
+        except ModuleNotFoundError:
+            pass  # from_key's error names the unknown family
+    return space.Config.from_key(key)
+
+
+def row_problem(e: BestEntry) -> str | None:
+    """Why the runtime could not use row `e`, or None. The one check of every row that comes from outside the
+    search (imported, shipped, or read back from a storage someone may have edited): a known arch and a valid
+    shape; a config key naming a known family, its axes and values in their domains; a config dict that is the
+    same config, of the row's family; the space's rules for the row's own problem and arch; positive finite
+    figures (tflops is checked when the entry is made)."""
+    try:
+        arch = space.get_arch(e.arch)
+    except (ValueError, KeyError) as err:
+        return f"arch: {err}"
+    try:
+        shape = e.shape
+    except (ValueError, TypeError) as err:
+        return f"not a valid shape: {err}"
+    try:
+        config = parse_config_key(e.config_key)
+    except (ValueError, KeyError, TypeError) as err:
+        return f"config_key {e.config_key!r} not understood: {err}"
+    try:
+        as_dict = space.Config.from_dict(e.config)
+    except (ValueError, KeyError, TypeError) as err:
+        return f"config {e.config!r} not understood: {err}"
+    if as_dict != config:
+        differ = sorted(n for n, v in config.as_dict().items() if as_dict.as_dict().get(n) != v)
+        return f"config contradicts config_key {e.config_key!r} (they differ in {', '.join(differ)})"
+    if e.family != config.family:
+        return f"family {e.family!r} contradicts config_key {e.config_key!r}"
+    for name, low in (("time_ms", "positive"), ("spread_ms", "non-negative")):
+        v = getattr(e, name)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (
+                low == "positive" and v == 0):
+            return f"{name}: expected a {low} finite number, got {v!r}"
+    if e.trial is not None and (isinstance(e.trial, bool) or not isinstance(e.trial, int) or e.trial < 0):
+        return f"trial: expected a trial number, got {e.trial!r}"
+    broken = space.violations(config, shape.problem, arch)
+    if broken:
+        return f"{e.config_key} cannot run on {arch.name} for {shape.problem.key}: {'; '.join(map(str, broken))}"
+    return None
+
+
 @dataclass(frozen=True)
 class RecordResult:
     action: str                  # "inserted" | "replaced" (the old row moved to the replaced table) | "kept"
@@ -214,20 +273,38 @@ class ImportCounts:
     inserted: int = 0
     replaced: int = 0
     kept: int = 0  # the existing row was at least as fast
+    skipped: list[str] = field(default_factory=list)  # rows not imported, each "<file>: rows[i]: why"
 
     def __str__(self) -> str:
-        return f"{self.inserted} inserted, {self.replaced} replaced by faster rows, {self.kept} kept (existing row as fast or faster)"
+        text = (f"{self.inserted} inserted, {self.replaced} replaced by faster rows, {self.kept} kept (existing row "
+                "as fast or faster)")
+        return text + (f", {len(self.skipped)} skipped (not usable)" if self.skipped else "")
 
 
 class BestStore:
     """The table behind a storage URL. Methods are the verbs: record_best, lookup, all_rows, export/import."""
 
-    def __init__(self, url: str | None = None):
-        self.url = storage_url.prepare(storage_url.resolve_storage_url(url))
+    def __init__(self, url: str | None = None, *, read_only: bool = False):
+        """Open the table behind `url` (resolved like the search's --storage). `read_only` (best, export, the
+        runtime): a missing SQLite file is a StorageError rather than a new empty database, and nothing is
+        created or written, not even our tables in a storage that lacks them (it then reads as empty).
+        Storage mistakes (malformed URL, missing directory or file, corrupt file, no server) raise
+        storage_url.StorageError before anything is opened."""
+        self.read_only = read_only
+        self.skipped: list[str] = []  # the rows the last all_rows() left out, each with why
+        self.url = storage_url.prepare(storage_url.resolve_storage_url(url), create=not read_only)
         connect_args = {"timeout": 60} if self.url.startswith("sqlite") else {}  # Optuna may hold the write lock
         self.engine = create_engine(self.url, connect_args=connect_args)
-        _Base.metadata.create_all(self.engine)  # checkfirst: creates only our missing tables
-        self._check_schema()
+        try:
+            if read_only:
+                self._has_table = inspect(self.engine).has_table(TABLE)
+            else:
+                _Base.metadata.create_all(self.engine)  # checkfirst: creates only our missing tables
+                self._has_table = True
+            self._check_schema()
+        except SQLAlchemyError as e:  # passed prepare's checks, failed on use: still one line, still untouched
+            self.engine.dispose()
+            raise storage_url.StorageError(f"{storage_url.describe(self.url)}: {storage_url.first_line(e)}") from None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -241,12 +318,21 @@ class BestStore:
     # -- schema ---------------------------------------------------------------------------------------------
 
     def _check_schema(self) -> None:
-        with Session(self.engine) as s, s.begin():
-            row = s.get(_MetaRow, SCHEMA_KEY)
-            if row is None:
-                s.add(_MetaRow(key=SCHEMA_KEY, value=str(SCHEMA_VERSION)))
+        if self.read_only:
+            if not inspect(self.engine).has_table(META_TABLE):
                 return
-            found = int(row.value)
+            with Session(self.engine) as s:
+                row = s.get(_MetaRow, SCHEMA_KEY)
+                if row is None:
+                    return
+                found = int(row.value)
+        else:
+            with Session(self.engine) as s, s.begin():
+                row = s.get(_MetaRow, SCHEMA_KEY)
+                if row is None:
+                    s.add(_MetaRow(key=SCHEMA_KEY, value=str(SCHEMA_VERSION)))
+                    return
+                found = int(row.value)
         if found > SCHEMA_VERSION:
             raise StoreError(f"{storage_url.describe(self.url)}: table {TABLE} has schema version {found}, newer "
                              f"than this autotune's {SCHEMA_VERSION}; upgrade autotune")
@@ -264,6 +350,8 @@ class BestStore:
 
         A replaced row is moved to the replaced table with `source` (default "study #trial") as its successor.
         """
+        if self.read_only:
+            raise StoreError(f"{storage_url.describe(self.url)}: opened read-only; cannot record a row")
         for attempt in range(2):
             try:
                 return self._record(entry, source or f"{entry.study} #{entry.trial}")
@@ -288,26 +376,52 @@ class BestStore:
 
     def lookup(self, gpu_name: str, arch: str, shape) -> BestEntry | None:
         """The row for exactly this GPU, arch and space.Shape, or None."""
+        if not self._has_table:
+            return None
         with Session(self.engine) as s:
             row = s.scalars(select(_BestRow).filter_by(**shape_key(gpu_name, arch, shape))).one_or_none()
             return BestEntry._from_row(row) if row else None
 
     def all_rows(self, *, gpu: str | None = None, **filters) -> list[BestEntry]:
-        """Rows sorted by key. `gpu` matches gpu_name case-insensitively as a substring ('h200' finds
-        'NVIDIA H200'); the other filters are exact matches on key columns (arch, dtype, head_dim, causal,
-        seqlen, seqlen_k, batch, heads, kv_heads, gpu_name); None means no filter."""
+        """Rows sorted by key; rows that fail `row_problem` are left out and named in `self.skipped`. `gpu`
+        matches gpu_name by storage_url.gpu_matches (case-insensitive substring: 'h200' finds 'NVIDIA H200'); the
+        other filters are exact matches on key columns (arch, dtype, head_dim, causal, seqlen, seqlen_k, batch,
+        heads, kv_heads, gpu_name); None means no filter."""
         unknown = sorted(set(filters) - set(KEY_FIELDS))
         if unknown:
             raise ValueError(f"filters: unknown column(s) {unknown}; expected some of {list(KEY_FIELDS)} or gpu")
+        if not self._has_table:  # a read-only storage our tables were never created in (an Optuna-only one)
+            return []
         query = select(_BestRow).filter_by(**{k: v for k, v in filters.items() if v is not None})
-        if gpu:
-            query = query.where(_BestRow.gpu_name.ilike(f"%{gpu}%"))
+        rows, self.skipped = [], []
         with Session(self.engine) as s:
-            rows = [BestEntry._from_row(r) for r in s.scalars(query)]
+            for r in s.scalars(query):
+                # One bad row (edited by hand, written by another version) costs that row, not the table.
+                try:
+                    e = BestEntry._from_row(r)
+                    problem = row_problem(e)
+                except (ValueError, TypeError) as err:
+                    problem = str(err)
+                if gpu and not storage_url.gpu_matches(gpu, r.gpu_name):  # the CLI's one rule, not SQL's LIKE
+                    continue
+                if problem:
+                    self.skipped.append(f"{storage_url.describe(self.url)}: {TABLE} row id {r.id} ({r.gpu_name} "
+                                        f"{r.arch} {r.dtype} d{r.head_dim} seqlen {r.seqlen}): {problem}")
+                else:
+                    rows.append(e)
         return sorted(rows, key=_sort_key)
+
+    def gpu_names(self) -> list[str]:
+        """The GPU names the table holds rows for (what a --gpu that matched nothing could have meant)."""
+        if not self._has_table:
+            return []
+        with Session(self.engine) as s:
+            return sorted(set(s.scalars(select(_BestRow.gpu_name))))
 
     def replaced_rows(self) -> list[dict[str, Any]]:
         """Rows that faster ones replaced, oldest replacement first (kept for the record, never read by the runtime)."""
+        if not inspect(self.engine).has_table(REPLACED_TABLE):
+            return []
         with Session(self.engine) as s:
             out = []
             for r in s.scalars(select(_ReplacedRow).order_by(_ReplacedRow.id)):
@@ -316,30 +430,49 @@ class BestStore:
                 out.append(d)
             return out
 
-    def export_json(self, path: str | Path, **filters) -> int:
-        """Write the (filtered) rows to `path` as reviewable JSON; returns how many rows were written."""
+    def export_json(self, path: str | Path, *, force: bool = False, **filters) -> int:
+        """Write the (filtered) rows to `path` as reviewable JSON; returns how many rows were written.
+
+        An empty selection is not written over a file that holds something (a mistyped --gpu or --storage must
+        not wipe a shipped table): StoreError saying so, unless `force`. The file is replaced atomically (a
+        temporary file in the same directory, then os.replace), so on any error it is left as it was."""
         rows = self.all_rows(**filters)
         doc = {"format": EXPORT_FORMAT, "schema_version": SCHEMA_VERSION, "rows": [r.to_json() for r in rows]}
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-        tmp.replace(path)  # a reader never sees half a file
+        if not rows and not force:
+            held = _held_by(path)
+            if held:
+                raise StoreError(f"{path}: the storage {storage_url.describe(self.url)} has no rows that match "
+                                 f"the filters, and {path} holds {held}; nothing was written (check --gpu, "
+                                 "--storage and the other filters, or pass --force to write an empty table)")
+        write_atomically(path, json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
         return len(rows)
 
     def import_json(self, path: str | Path) -> ImportCounts:
         """Merge the rows of an exported file: per key the faster row wins; slower existing rows are moved,
-        not deleted. The whole file is validated before anything is written."""
-        entries = list(read_export(path))
-        counts = ImportCounts()
-        for entry in entries:
+        not deleted. Every row is checked first (read_export): a bad row is skipped and named in the counts'
+        `skipped`, the good rows are imported; a file that is not an export imports nothing (StoreError)."""
+        rows = read_export(path)
+        counts = ImportCounts(skipped=list(rows.skipped))
+        for entry in rows.entries:
             result = self.record_best(entry, source=f"import {Path(path).name}")
             setattr(counts, result.action, getattr(counts, result.action) + 1)
         return counts
 
 
-def read_export(path: str | Path) -> Iterator[BestEntry]:
-    """Parse and validate an exported file; errors name the file, the row and the field."""
+@dataclass
+class ExportRows:
+    """The rows of an exported file that can be used, and the ones that cannot, each as "<file>: rows[i]: why"."""
+
+    path: Path
+    entries: list[BestEntry]
+    skipped: list[str]
+
+
+def read_export(path: str | Path) -> ExportRows:
+    """Parse and check an exported file. A file that is not an export (unreadable, not JSON, another format or a
+    newer schema) is a StoreError; a row that is not usable (malformed, or failing `row_problem`, or repeating
+    an earlier row's key) is skipped and named in `skipped` with its index, and the good rows are kept."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text())
@@ -355,13 +488,78 @@ def read_export(path: str | Path) -> Iterator[BestEntry]:
     rows = doc.get("rows")
     if not isinstance(rows, list):
         raise StoreError(f"{path}: \"rows\": expected a list")
-    entries = [BestEntry.from_json(r, where=f"{path}: rows[{i}]") for i, r in enumerate(rows)]
+    out = ExportRows(path, [], [])
     seen: dict[tuple, int] = {}
-    for i, e in enumerate(entries):
-        if e.key in seen:
-            raise StoreError(f"{path}: rows[{i}] has the same key as rows[{seen[e.key]}]: {e.key}")
-        seen[e.key] = i
-    return iter(entries)
+    for i, r in enumerate(rows):
+        where = f"{path}: rows[{i}]"
+        try:
+            e = BestEntry.from_json(r, where=where)
+        except StoreError as err:
+            out.skipped.append(str(err))
+            continue
+        problem = row_problem(e)
+        if problem:
+            out.skipped.append(f"{where}: {problem}")
+        elif e.key in seen:
+            out.skipped.append(f"{where} has the same key as rows[{seen[e.key]}]: {e.key}")
+        else:
+            seen[e.key] = i
+            out.entries.append(e)
+    return out
+
+
+def _held_by(path: Path) -> str | None:
+    """What a file that an export would replace holds, in words; None when it is missing, empty or an export
+    of no rows (replacing those loses nothing)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError):
+        return "data that is not an export"
+    if not text.strip():
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return "data that is not an export"
+    if isinstance(doc, dict) and doc.get("format") == EXPORT_FORMAT and isinstance(doc.get("rows"), list):
+        return f"{len(doc['rows'])} row(s)" if doc["rows"] else None
+    return "data that is not an export"
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace `path` with `text` all at once: a reader (or a crash) sees the old file or the new one, never half
+    of one; on an error the old file is left as it was and no temporary file stays behind. The directory must
+    exist (a mistyped path must not create directories). A replaced file keeps its permissions."""
+    directory = path.parent
+    if not directory.is_dir():
+        raise StoreError(f"{path}: directory {directory} does not exist; create it or fix the path")
+    try:
+        mode = path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def row_matches(e: BestEntry, *, gpu: str | None = None, **filters) -> bool:
+    """all_rows' filters applied to one row in memory (for rows that are not in a storage: shipped tables)."""
+    if gpu and not storage_url.gpu_matches(gpu, e.gpu_name):
+        return False
+    return all(v is None or getattr(e, k) == v for k, v in filters.items())
 
 
 def _sort_key(e: BestEntry) -> tuple:
@@ -372,5 +570,5 @@ def open_store(storage: str | None = None) -> BestStore:
     return BestStore(storage)
 
 
-__all__ = ["BestEntry", "BestStore", "ImportCounts", "KEY_FIELDS", "RecordResult", "SCHEMA_VERSION", "StoreError",
+__all__ = ["BestEntry", "BestStore", "ExportRows", "ImportCounts", "parse_config_key", "row_matches", "row_problem", "KEY_FIELDS", "RecordResult", "SCHEMA_VERSION", "StoreError",
            "TABLE", "open_store", "read_export", "shape_key"]
