@@ -86,7 +86,13 @@ def execute(plans: list, needs_gpu: bool) -> int:
     from autotune.search import campaign
     from autotune.search.loop import SearchInterrupted
     from autotune.search.progress import format_result
+    from autotune.store import storage_url
 
+    try:  # a storage mistake is one line before any shape starts, not a traceback from the first one
+        for storage in sorted({p.storage or "" for p in plans}):
+            storage_url.prepare(storage_url.resolve_storage_url(storage or None))
+    except ValueError as err:  # storage_url.StorageError
+        return _fail(str(err))
     if needs_gpu:
         from autotune.launch.gpu_arch import NoGpuError, detect_arch
 

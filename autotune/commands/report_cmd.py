@@ -76,21 +76,22 @@ def _missing_extra() -> str | None:
 
 
 def existing_storage_url(explicit: str | None, command: str) -> str | None:
-    """The resolved storage URL, or None (after saying why) when it is malformed or names a missing SQLite file:
-    opening that would silently create an empty database and report "no studies"."""
+    """The resolved storage URL, or None (after saying why in one line) when it cannot be read as it is:
+    malformed, a missing SQLite file (opening it would silently create an empty database and report "no
+    studies"), a corrupt one, a server that does not answer (storage_url.prepare, read-only)."""
     from autotune.store import storage_url
 
     try:
         url = storage_url.resolve_storage_url(explicit)
-    except ValueError as e:
+        path = storage_url.sqlite_path(url)
+        if path is not None and not path.expanduser().exists() and path.expanduser().parent.is_dir():
+            print(f"autotune {command}: no study storage at {storage_url.describe(url)}; run `autotune search` "
+                  "first or pass --storage URL", file=sys.stderr)
+            return None
+        return storage_url.prepare(url, create=False)  # a missing directory, a corrupt file, no server
+    except ValueError as e:  # storage_url.StorageError: one line naming the URL and what to do
         print(f"autotune {command}: {e}", file=sys.stderr)
         return None
-    path = storage_url.sqlite_path(url)
-    if path is not None and not path.expanduser().exists():
-        print(f"autotune {command}: no study storage at {storage_url.describe(url)}; run `autotune search` first "
-              "or pass --storage URL", file=sys.stderr)
-        return None
-    return url
 
 
 def _no_match(args, filters: dict, entries, where: str) -> str:
