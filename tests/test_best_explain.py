@@ -10,6 +10,7 @@ SHIPPED = Path(__file__).resolve().parent.parent / "studies" / "tuned" / "h200.j
 
 
 def test_explain_names_the_shipped_row_for_a_shipped_shape(tmp_path, capsys):
+    (tmp_path / "empty.db").touch()  # an empty file is an empty SQLite database
     row = json.loads(SHIPPED.read_text())["rows"][0]
     args = ["best", "--explain", "--seqlen", str(row["seqlen"]), "--batch", str(row["batch"]),
             "--heads", str(row["heads"]), "--head-dim", str(row["head_dim"]), "--dtype", row["dtype"],
@@ -19,10 +20,15 @@ def test_explain_names_the_shipped_row_for_a_shipped_shape(tmp_path, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "source: shipped" in out and row["config_key"].split(":")[1].split(",")[0] in out
-    assert not (tmp_path / "empty.db").exists()  # explaining never creates a user's database
+    assert (tmp_path / "empty.db").stat().st_size == 0  # explaining never writes into a user's database
+    # a storage that does not exist is a mistake (a typo), said in one line; explaining never creates it
+    typo = [a.replace("empty.db", "typo.db") if a.startswith("sqlite:") else a for a in args]
+    assert main(typo) == 2
+    assert "typo.db" in capsys.readouterr().err and not (tmp_path / "typo.db").exists()
 
 
 def test_explain_falls_back_to_the_heuristic_on_an_unknown_gpu(tmp_path, capsys):
+    (tmp_path / "empty.db").touch()
     assert main(["best", "--explain", "--seqlen", "1000", "--gpu", "Some Other GPU", "--arch", "sm_80",
                  "--storage", f"sqlite:///{tmp_path}/empty.db"]) == 0
     assert "source: heuristic" in capsys.readouterr().out

@@ -635,3 +635,30 @@ def test_import_autotune_does_not_import_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "attention" in done.stdout
+
+
+# ---- one bad row costs that row (issue 12) ---------------------------------------------------------------------
+
+def test_a_shipped_row_whose_config_contradicts_its_key_is_skipped_and_the_file_kept(tmp_path, db):
+    tables = shipped_dir(tmp_path, entry(shape(n=1024), CFG_A), entry(shape(n=4096), CFG_C))
+    table = tables / "h200.json"
+    doc = json.loads(table.read_text())
+    assert doc["rows"][1]["seqlen"] == 4096
+    doc["rows"][1]["config"] = CFG_B.as_dict()  # the key says CFG_C, the dict CFG_B: which would run?
+    doc["rows"][0]["tflops"] = 2.0
+    table.write_text(json.dumps(doc))
+    with pytest.warns(runtime.InvalidRowWarning, match=r"rows\[1\]: config contradicts config_key"):
+        sel = select(shape(n=4096), db, tables)
+    assert (sel.source, sel.config, sel.row.seqlen) == ("nearest", CFG_A, 1024)  # rows[0] of the file still serves
+    assert any("rows[1]" in n for n in sel.notes)
+
+
+def test_a_malformed_stored_row_costs_that_row_not_the_storage(tmp_path, db):
+    import sqlite3
+
+    store_rows(db, entry(shape(n=1024), CFG_A), entry(shape(n=4096), CFG_C))
+    with sqlite3.connect(storage_url.sqlite_path(db)) as con:
+        con.execute("update autotune_best set tflops=-5 where seqlen=4096")
+    with pytest.warns(runtime.InvalidRowWarning, match="tflops"):
+        sel = select(shape(n=4096), db)
+    assert (sel.source, sel.config, sel.row.seqlen) == ("nearest", CFG_A, 1024)

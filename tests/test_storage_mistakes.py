@@ -218,3 +218,61 @@ def test_export_refuses_a_missing_directory(tmp_path, capsys):
     line = one_line_error(capsys, main(["export", str(tmp_path / "tunde" / "h200.json"), "--storage", url]))
     assert "tunde" in line and "does not exist" in line
     assert not (tmp_path / "tunde").exists()
+
+
+# ---- import: a bad row is named by its index and skipped --------------------------------------------------------
+
+def test_import_names_a_bad_row_skips_it_and_imports_the_rest(tmp_path, capsys):
+    doc = json.loads(SHIPPED.read_text())
+    doc["rows"][3]["config_key"] = doc["rows"][3]["config_key"].replace("wgmma:", "wgmma:nope=1,")
+    doc["rows"][5]["config"] = dict(doc["rows"][5]["config"], stages=2 if doc["rows"][5]["config"]["stages"] != 2 else 3)
+    doc["rows"][7]["tflops"] = "fast"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    url = f"sqlite:///{tmp_path / 'user.db'}"
+    assert main(["import", str(bad), "--storage", url]) == 1  # partly imported: not a clean success
+    out = capsys.readouterr()
+    skipped = [line for line in out.err.splitlines() if "skipped" in line]
+    assert len(skipped) == 3 and all(f"rows[{i}]" in line for i, line in zip((3, 5, 7), skipped))
+    assert "12 inserted" in out.out and "3 skipped" in out.out
+    with BestStore(url, read_only=True) as s:
+        assert len(s.all_rows()) == 12
+
+
+# ---- best: where the runtime's configs come from; one --gpu rule ----------------------------------------------
+
+def test_best_shows_the_shipped_rows_the_runtime_uses(tmp_path, capsys):
+    url = _store_with_a_row(tmp_path)
+    assert main(["best", "--storage", url]) == 0
+    out = capsys.readouterr().out
+    shipped = json.loads(SHIPPED.read_text())["rows"]
+    assert f"({len(shipped)} row(s) from the tables shipped in {SHIPPED.parent}: h200.json)" in out
+    assert "(1 row(s) from storage" in out
+    assert out.count(" h200.json ") == len(shipped)  # every shipped row, marked with its file
+    assert all(r["config_key"] in out for r in shipped)
+    # the shipped row of the stored row's shape is marked: the stored one wins at run time
+    hidden = [r for r in shipped if (r["seqlen"], r["batch"], r["heads"], r["dtype"], r["head_dim"], r["causal"]) ==
+              (4096, 4, 16, "fp16", 128, False)]
+    assert out.count("(hidden)") == len(hidden)
+
+
+def test_best_gpu_is_one_rule_with_a_warning_when_nothing_matches(tmp_path, capsys):
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    storage = ["--storage", f"sqlite:///{empty}"]
+    explain = ["best", "--explain", "--seqlen", "4096", "--arch", "sm_90", *storage]
+    assert main([*explain, "--gpu", "h200"]) == 0  # a part of the name, as `best --gpu h200` takes it
+    out = capsys.readouterr()
+    assert "on NVIDIA H200 (sm_90)" in out.out and "source: shipped" in out.out and out.err == ""
+    assert main([*explain, "--gpu", "NVIDIA H200"]) == 0
+    assert "source: shipped" in capsys.readouterr().out
+    assert main([*explain, "--gpu", "h20O"]) == 0
+    out = capsys.readouterr()
+    assert "--gpu 'h20O' matches no GPU with tuned rows" in out.err and "'NVIDIA H200'" in out.err
+    assert "source: heuristic" in out.out
+    assert main(["best", "--gpu", "h20O", *storage]) == 0
+    out = capsys.readouterr()
+    assert "--gpu 'h20O' matches no GPU with tuned rows" in out.err and "no stored or shipped rows match" in out.out
+    assert main(["best", "--gpu", "H200", *storage]) == 0
+    assert "(15 row(s) from the tables shipped" in capsys.readouterr().out
+    assert empty.stat().st_size == 0  # nothing was written into the storage
