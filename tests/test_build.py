@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import space
-from autotune.build.builder import Builder, BuildError, default_cache_dir, default_kernels_dir
+from autotune.build.builder import (Builder, BuildError, CacheIntegrityWarning, CubinMismatchError, default_cache_dir,
+                                     default_kernels_dir)
 from autotune.build.nvcc import find_nvcc
 
 PROBLEM = space.Problem(head_dim=64)
@@ -261,3 +262,31 @@ def test_commands_without_arch_or_gpu_ask_for_arch(capsys, monkeypatch):
     assert "no CUDA GPU visible; pass --arch sm_90 (or sm_100, sm_103)" in capsys.readouterr().err
     monkeypatch.setattr(gpu_arch, "_torch_capability", lambda device: (10, 3))
     assert gpu_arch.detect_arch().name == "sm_103"
+
+
+def test_a_cubin_that_does_not_match_its_recorded_hash_is_set_aside_rebuilt_and_warned(tmp_path):
+    """A shared kernel cache is not trusted: a cubin whose bytes are not the ones hashed when it was built (a
+    real rewrite of the file, same size) is never returned; its entry is kept aside and the config rebuilt."""
+    cache = tmp_path / "cache"
+    first = Builder(ARCH, cache_dir=cache).build_one(DEFAULT, PROBLEM)
+    good = first.cubin_bytes()
+    tampered = bytearray(good)
+    tampered[len(tampered) // 2] ^= 0xFF
+    first.cubin_path.write_bytes(bytes(tampered))
+
+    nvcc, calls = wrapper_nvcc(tmp_path)
+    with pytest.warns(CacheIntegrityWarning, match="sha256 .* not the .* recorded in meta.json"):
+        again = Builder(ARCH, cache_dir=cache, nvcc=nvcc).build_one(DEFAULT, PROBLEM)
+    assert len(compile_calls(calls)) == 1 and again.ok and not again.cached
+    assert again.cubin_hash == first.cubin_hash and again.cubin_bytes() == good  # nvcc's output is deterministic
+    aside = list((cache / ".damaged").iterdir())
+    assert len(aside) == 1 and (aside[0] / "kernel.cubin").read_bytes() == bytes(tampered)  # kept to look at
+
+    # changed after the check (between lookup and load): the bytes handed to the loader are checked again
+    again.cubin_path.write_bytes(bytes(tampered))
+    with pytest.raises(CubinMismatchError, match="no longer the"):
+        again.cubin_bytes()
+    from autotune.launch.loader import KernelRunner
+
+    with pytest.raises(CubinMismatchError):
+        KernelRunner(again)

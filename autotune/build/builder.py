@@ -15,6 +15,12 @@ built in a private work directory and renamed into place, so a reader never sees
 two processes building the same key at once cannot corrupt it. Compile failures are cached too (they are a
 property of the sources, like successes); timeouts and a compiler that could not start are not.
 
+The cache may be shared (several users, hosts or containers on one directory), so a cached cubin is not
+trusted: on every cache hit its sha256 is compared with the `cubin_hash` recorded in meta.json when it was
+built, and an entry that differs (or records none) is moved aside to `<cache>/.damaged/` (kept for inspection,
+never deleted) and rebuilt, with a CacheIntegrityWarning. `BuildResult.cubin_bytes()` checks the bytes it
+returns against the same hash, so what is loaded is exactly what was checked (CubinMismatchError otherwise).
+
 Configs that `space.violations` rejects never reach nvcc: they come back as `ok=False` results whose
 `rejected_by` names the rules (and whose `error` gives the rules' messages). `check_rules=False` turns that
 off so tests can ask the compiler for its own verdict on invalid configs.
@@ -31,6 +37,7 @@ import shlex
 import shutil
 import subprocess
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -56,6 +63,18 @@ Progress = Callable[[int, int, "BuildResult"], None]
 
 class BuildError(RuntimeError):
     """The build machinery itself failed (not a config's compile error): ninja missing or crashing, bad paths."""
+
+
+class CacheIntegrityWarning(UserWarning):
+    """A cached cubin did not match the hash recorded beside it: the entry was moved aside and rebuilt."""
+
+
+class CubinMismatchError(BuildError):
+    """A cubin's bytes changed after its cache entry was checked (someone rewrote the shared cache under us)."""
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -91,9 +110,15 @@ class BuildResult:
         return space.layout(self.config, self.problem)
 
     def cubin_bytes(self) -> bytes:
+        """The cubin, checked against `cubin_hash`: the bytes a caller loads are the bytes that were checked."""
         if not self.ok or self.cubin_path is None:
             raise ValueError(f"{self.config.key}: no cubin, the build failed: {self.error}")
-        return self.cubin_path.read_bytes()
+        data = self.cubin_path.read_bytes()
+        if self.cubin_hash is not None and hashlib.sha256(data).hexdigest() != self.cubin_hash:
+            raise CubinMismatchError(f"{self.cubin_path}: its sha256 is no longer the {self.cubin_hash[:12]} recorded "
+                                     "when it was built (the kernel cache was changed under this process); build "
+                                     "again to check and rebuild the entry")
+        return data
 
 
 def default_cache_dir() -> Path:
@@ -309,7 +334,32 @@ class Builder:
         if meta.get("ok") and not (entry / CUBIN).is_file():
             shutil.rmtree(entry, ignore_errors=True)  # damaged entry: drop it so the rebuild can take its place
             return None
+        if meta.get("ok"):
+            recorded = meta.get("cubin_hash")
+            try:
+                actual = file_sha256(entry / CUBIN)
+            except OSError:  # removed by another process between the check above and here: a miss
+                return None
+            if actual != recorded:
+                aside = self._set_aside(entry)
+                warnings.warn(f"autotune: kernel cache entry {entry} ({config.key}): kernel.cubin has sha256 "
+                              f"{actual[:12]}, not the {str(recorded)[:12]} recorded in meta.json when it was built; "
+                              f"moved to {aside} and rebuilding", CacheIntegrityWarning, stacklevel=4)
+                return None
         return self._result(config, problem, key, entry, meta, cached=True)
+
+    def _set_aside(self, entry: Path) -> Path:
+        """Move a damaged entry out of the cache's way (so a rebuild can take its place), keeping it to look at."""
+        aside = self.cache_dir / ".damaged" / f"{entry.name}-{uuid.uuid4().hex[:8]}"
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(entry, aside)
+        except FileNotFoundError:  # another process moved it first
+            pass
+        except OSError as e:  # e.g. a shared cache directory we may read but not change: never load it, say so
+            raise BuildError(f"{entry}: its kernel.cubin does not match the hash recorded when it was built, and it "
+                             f"cannot be moved aside ({e.strerror}); remove it, or use another --cache-dir") from None
+        return aside
 
     def _result(self, config, problem, key, entry: Path | None, meta: dict, cached: bool) -> BuildResult:
         """entry is the cache entry holding the files, or None when the result was not cached."""
