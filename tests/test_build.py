@@ -290,3 +290,32 @@ def test_a_cubin_that_does_not_match_its_recorded_hash_is_set_aside_rebuilt_and_
 
     with pytest.raises(CubinMismatchError):
         KernelRunner(again)
+
+
+def test_space_why_summarises_by_rule_and_lists_only_the_first_invalid_configs(capsys):
+    from autotune.cli import main
+    from autotune.commands.space_cmd import WHY_LIMIT
+
+    args = ["space", "--head-dim", "128", "--arch", "sm_90", "--family", "wgmma", "--why"]
+    problem = space.Problem(head_dim=128)
+    invalid = [c for c in space.enumerate_configs("wgmma") if space.violations(c, problem, ARCH)]
+    assert len(invalid) > WHY_LIMIT  # else there is nothing to summarise
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert sum(c.key in out for c in invalid) <= WHY_LIMIT + len({v.rule for c in invalid
+                                                                  for v in space.violations(c, problem, ARCH)})
+    assert f"# the first {WHY_LIMIT} of {len(invalid)} invalid configs" in out and "--limit N lists more" in out
+    assert "pingpong_needs_two_consumers: " in out and " configs, e.g. wgmma:" in out
+    assert main([*args, "--limit", "3"]) == 0
+    assert f"# the first 3 of {len(invalid)} invalid configs" in capsys.readouterr().out
+
+
+def test_an_empty_config_key_is_an_error_not_the_default(capsys, tmp_path):
+    from autotune.cli import main
+
+    for command in (["build", "--head-dim", "64", "--arch", "sm_90"], ["sass", "--head-dim", "64", "--arch", "sm_90"],
+                    ["check", "--seqlen", "128"], ["bench", "--seqlen", "128"]):
+        assert main([*command, "--config", "", "--cache-dir", str(tmp_path)]) == 2, command
+        err = capsys.readouterr().err
+        assert "--config '': expected a config key" in err and "leave --config out" in err, command
+    assert not any(tmp_path.iterdir())  # nothing was built

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from .check_cmd import (USAGE_ERROR, add_shape_arguments, build_configs, gpu_arch, parse_config,
+from .check_cmd import (USAGE_ERROR, add_shape_arguments, build_configs, config_key_error, gpu_arch, parse_config,
                         shape_from_args)
 
 BACKENDS = ("flash", "cudnn", "efficient", "fa4")
@@ -56,6 +56,10 @@ def table(rows: list[dict]) -> str:
 def run(args: argparse.Namespace) -> int:
     shape = shape_from_args(args, "bench")
     if shape is None:
+        return USAGE_ERROR
+    errors = [e for e in (config_key_error(k, "bench") for k in args.config or []) if e]
+    if errors:  # before the GPU: a typo is a typo on any machine
+        print("\n".join(errors), file=sys.stderr)
         return USAGE_ERROR
     arch = gpu_arch(args, "bench")
     if arch is None:

@@ -6,6 +6,7 @@ import sys
 
 import space
 
+from .check_cmd import parse_config
 from .space_cmd import USAGE_ERROR, add_problem_arguments, arch_from_args, problem_from_args
 
 
@@ -28,21 +29,9 @@ def run(args: argparse.Namespace) -> int:
     arch = arch_from_args(args, "build")
     if arch is None:
         return USAGE_ERROR
-    if args.config:
-        try:
-            config = space.Config.from_key(args.config)
-        except (ValueError, KeyError) as e:
-            reason = e.args[0] if e.args else str(e)
-            print(f"autotune build: --config {args.config!r}: {reason}\n"
-                  "  expected a key as printed by `autotune space`: 'FAMILY:axis=value,...' with every axis",
-                  file=sys.stderr)
-            return USAGE_ERROR
-    else:
-        try:
-            config = space.default_config(problem, arch, args.family)
-        except ValueError as e:
-            print(f"autotune build: --family: {e}", file=sys.stderr)
-            return USAGE_ERROR
+    config = parse_config(args.config, problem, arch, "build", args.family)  # --config '' is an error
+    if config is None:
+        return USAGE_ERROR
 
     try:
         builder = Builder(arch, cache_dir=args.cache_dir)

@@ -68,22 +68,43 @@ def gpu_arch(args: argparse.Namespace, command: str) -> space.Arch | None:
     return arch
 
 
-def parse_config(key: str | None, problem: space.Problem, arch: space.Arch, command: str) -> space.Config | None:
-    """--config's key, or the heuristic default when None; None after printing why the key is unusable."""
+def config_key_error(key: str | None, command: str) -> str | None:
+    """Why `--config KEY` cannot be used (a blank key, an unknown family, axis or value), or None. Needs no GPU
+    and no arch, so commands say it before anything else. A blank key is a mistake (an unset shell variable),
+    never a way to ask for the default: that is leaving --config out."""
     if key is None:
-        return space.default_config(problem, arch)
+        return None
+    if not key.strip():
+        return (f"autotune {command}: --config {key!r}: expected a config key as printed by `autotune space` "
+                "('FAMILY:axis=value,...'); leave --config out for the heuristic default")
     try:
         importlib.import_module(f"space.{key.partition(':')[0]}")  # registers the family (e.g. space.wgmma)
-    except ModuleNotFoundError:
+    except (ModuleNotFoundError, ValueError):
         pass  # from_key's error lists the known families
     try:
-        return space.Config.from_key(key)
+        space.Config.from_key(key)
     except (ValueError, KeyError) as e:
         reason = e.args[0] if e.args else str(e)
-        print(f"autotune {command}: --config {key!r}: {reason}\n"
-              "  expected a key as printed by `autotune space`: 'FAMILY:axis=value,...' with every axis",
-              file=sys.stderr)
+        return (f"autotune {command}: --config {key!r}: {reason}\n"
+                "  expected a key as printed by `autotune space`: 'FAMILY:axis=value,...' with every axis")
+    return None
+
+
+def parse_config(key: str | None, problem: space.Problem, arch: space.Arch, command: str,
+                 family: str | None = None) -> space.Config | None:
+    """--config's key, or the heuristic default (of `family`) when None; None after printing why the key (or
+    the family) is unusable."""
+    if key is None:
+        try:
+            return space.default_config(problem, arch, family)
+        except ValueError as e:
+            print(f"autotune {command}: --family: {e}", file=sys.stderr)
+            return None
+    error = config_key_error(key, command)
+    if error:
+        print(error, file=sys.stderr)
         return None
+    return space.Config.from_key(key)
 
 
 def build_configs(configs: list[space.Config], problem: space.Problem, arch: space.Arch, cache_dir, command: str):
@@ -111,6 +132,10 @@ def add_parser(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     shape = shape_from_args(args, "check")
     if shape is None:
+        return USAGE_ERROR
+    error = config_key_error(args.config, "check")  # before the GPU: a typo is a typo on any machine
+    if error:
+        print(error, file=sys.stderr)
         return USAGE_ERROR
     arch = gpu_arch(args, "check")
     if arch is None:

@@ -10,6 +10,7 @@ import sys
 
 import space
 
+from .check_cmd import parse_config
 from .space_cmd import USAGE_ERROR, add_problem_arguments, arch_from_args, problem_from_args
 
 
@@ -41,12 +42,8 @@ def run(args: argparse.Namespace) -> int:
     arch = arch_from_args(args, "sass")
     if arch is None:
         return USAGE_ERROR
-    try:
-        config = space.Config.from_key(args.config) if args.config else space.default_config(problem, arch,
-                                                                                              args.family)
-    except (ValueError, KeyError) as e:
-        which = "--config" if args.config else "--family"
-        print(f"autotune sass: {which}: {e.args[0] if e.args else e}", file=sys.stderr)
+    config = parse_config(args.config, problem, arch, "sass", args.family)  # --config '' is an error
+    if config is None:
         return USAGE_ERROR
     try:
         tool = sass.find_nvdisasm()

@@ -41,6 +41,9 @@ def arch_from_args(args: argparse.Namespace, command: str) -> space.Arch | None:
     return None
 
 
+WHY_LIMIT = 20  # invalid configs that --why lists unless --limit says otherwise
+
+
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("space", help="list (and compile-check) the valid configs of a problem",
                               description=__doc__.split("\n\n")[0])
@@ -48,8 +51,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--family", default=None, help="only this kernel family (default: every family of the arch)")
     p.add_argument("--compile", action="store_true", help="build the listed configs and show ptxas' figures")
     p.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: CPU count)")
-    p.add_argument("--limit", type=int, default=None, help="list (and compile) at most N configs")
-    p.add_argument("--why", action="store_true", help="also list the invalid configs and the rules they break")
+    p.add_argument("--limit", type=int, default=None,
+                   help=f"list (and compile) at most N valid configs and, with --why, N invalid ones (default: every "
+                        f"valid config, and {WHY_LIMIT} invalid ones)")
+    p.add_argument("--why", action="store_true",
+                   help="also say why configs are invalid: each rule with how many configs it rejects and one "
+                        f"example, then the first invalid configs with the rules they break ({WHY_LIMIT}, or --limit)")
     p.set_defaults(run=run)
 
 
@@ -116,9 +123,7 @@ def run(args: argparse.Namespace) -> int:
                 print("    " + (r.error or "").replace("\n", "\n    "))
 
     if args.why:
-        print("# invalid configs and the rules they break")
-        for config, broken in invalid if args.limit is None else invalid[: args.limit]:
-            print(f"{config.key}\n    " + "\n    ".join(str(v) for v in broken))
+        print(_why(invalid, WHY_LIMIT if args.limit is None else args.limit))
 
     print(_summary(valid, invalid, listed, results))
     return 1 if results and any(not r.ok for r in results) else 0
@@ -147,6 +152,26 @@ def _report_columns(result) -> str:
         return f"{'-':>4} {'-':>8} {'-':>8} {'-':>10} {'-':>9}"
     return (f"{r.registers:>4} {r.spill_stores:>8} {r.spill_loads:>8} {r.smem_static:>10} "
             f"{r.compile_seconds:>9.1f}")
+
+
+def _why(invalid, limit: int) -> str:
+    """Why configs are invalid, summarised: a space has millions of invalid configs (all of them, listed, were
+    29.5 MB for d128 on sm_90), so each rule with its count and one example, then the first `limit` configs."""
+    examples: dict[str, tuple[space.Config, space.Violation]] = {}
+    counts: Counter = Counter()
+    for config, broken in invalid:
+        for v in broken:
+            counts[v.rule] += 1
+            examples.setdefault(v.rule, (config, v))
+    lines = ["# rules and how many invalid configs break each (a config counts once per rule it breaks)"]
+    for rule, n in counts.most_common():
+        config, v = examples[rule]
+        lines.append(f"{rule}: {n} configs, e.g. {config.key}\n    {v}")
+    shown = invalid[:limit]
+    lines.append(f"# the first {len(shown)} of {len(invalid)} invalid configs and the rules they break"
+                 + (f" (--limit N lists more)" if len(shown) < len(invalid) else ""))
+    lines += [f"{config.key}\n    " + "\n    ".join(str(v) for v in broken) for config, broken in shown]
+    return "\n".join(lines)
 
 
 def _summary(valid, invalid, listed, results) -> str:
