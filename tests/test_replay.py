@@ -143,7 +143,7 @@ def test_cli_replay(path, landscape, tmp_path, capsys):
     assert "replayed from" in out and "nothing was stored" in out and "Synthetic GPU" in out
 
     assert main(["search", "--replay", str(path), "--seqlen", "512"]) == 2
-    assert "recorded for shape b1-h2-n256-d256-fp16-full" in capsys.readouterr().err
+    assert "recorded, shape b1-h2-n256-d256-fp16-full" in capsys.readouterr().err
 
     row = _by_status(landscape, "complete")
     del landscape.rows[row.config_key]
@@ -154,6 +154,20 @@ def test_cli_replay(path, landscape, tmp_path, capsys):
     (tmp_path / "bad.json").write_text("{}")
     assert main(["search", "--replay", str(tmp_path / "bad.json")]) == 2
     assert "not an autotune landscape" in capsys.readouterr().err
+
+
+def test_cli_replay_says_what_a_replay_can_and_cannot_vary(path, capsys):
+    # --seqlen alone once became n512 with the file's seqlen_k 256, a shape nobody asked for
+    for flags in (["--seqlen", "512"], ["--seqlen-k", "512"], ["--batch", "2"], ["--causal"], ["--dtype", "bf16"],
+                  ["--arch", "sm_80"]):
+        assert main(["search", "--replay", str(path), *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert f"so {' '.join(flags)} cannot be replayed" in err and "b1-h2-n256-d256-fp16-full" in err, err
+        assert "A replay can vary --sampler, --seed, --trials" in err
+    # flags that repeat the recorded shape are not a change
+    assert main(["search", "--replay", str(path), "--seqlen", "256", "--heads", "2", "--head-dim", "256",
+                 "--trials", "2", "--sampler", "random"]) == 0
+    assert "replayed from" in capsys.readouterr().out
 
 
 def test_null_store_keeps_nothing():

@@ -41,18 +41,13 @@ def add_shape_arguments(p, several_seqlens: bool = False) -> None:
                        help="causal (top-left aligned) masking")
 
 
-def shape_from_args(args: argparse.Namespace, base: space.Shape | None = None) -> space.Shape:
-    """The Shape the flags describe; flags left out come from `base` (a replayed landscape's shape), else from
-    SHAPE_DEFAULTS. ValueError names the flag at fault."""
+def shape_from_args(args: argparse.Namespace) -> space.Shape:
+    """The Shape the flags describe; flags left out come from SHAPE_DEFAULTS (a replay takes its recorded shape:
+    replay_shape). ValueError names the flag at fault."""
     values = {}
     for name, default in SHAPE_DEFAULTS.items():
         given = getattr(args, name)
-        if given is not None:
-            values[name] = given
-        elif base is not None:
-            values[name] = getattr(base, "seqlen_q" if name == "seqlen" else name)
-        else:
-            values[name] = default
+        values[name] = given if given is not None else default
     for name in ("seqlen", "batch", "heads"):
         if values[name] < 1:
             raise ValueError(f"--{name}: expected a positive integer, got {values[name]}")
@@ -136,10 +131,35 @@ def add_parser(subparsers) -> None:
                         "(it runs in the child process; no GPU needed if it needs none)")
     e.add_argument("--replay", default=None, metavar="FILE",
                    help="answer every build and evaluation from a landscape recorded by `autotune sweep` (no nvcc, "
-                        "no GPU; docs/search.md): shape, arch and families default to the recorded ones, a config "
-                        "the file lacks is an error, studies go to an in-memory database unless --storage is given, "
-                        "and no best config is stored")
+                        "no GPU; docs/search.md): the shape and arch are the recorded ones (a shape flag or --arch "
+                        f"asking for others is an error), and it can vary {REPLAY_VARIES}; a config the file lacks "
+                        "is an error, studies go to an in-memory database unless --storage is given, and no best "
+                        "config is stored")
     p.set_defaults(run=run)
+
+
+REPLAY_VARIES = ("--sampler, --seed, --trials, --timeout, --max-asks, --enqueue, --retime and --family (among the "
+                 "recorded families)")
+
+
+def replay_shape(args: argparse.Namespace, replay) -> space.Shape:
+    """The recorded shape of a replayed landscape. A replay answers from configs timed on that shape and arch
+    only, so a shape flag or --arch that asks for another one is refused, saying what a replay can vary."""
+    recorded = replay.shape
+    as_flags = {"seqlen": recorded.seqlen_q, "seqlen_k": recorded.seqlen_k, "batch": recorded.batch,
+                "heads": recorded.heads, "kv_heads": recorded.kv_heads, "head_dim": recorded.head_dim,
+                "dtype": recorded.dtype, "causal": recorded.causal}
+    asked = [f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}")
+             for name, value in ((n, getattr(args, n)) for n in SHAPE_DEFAULTS)
+             if value is not None and value != as_flags[name]]
+    if args.arch is not None and space.get_arch(args.arch).name != replay.arch.name:
+        asked.append(f"--arch {args.arch}")
+    if asked:
+        raise ValueError(
+            f"--replay {args.replay}: a replay answers only from what was recorded, shape {recorded.key} on "
+            f"{replay.arch.name}, so {' '.join(asked)} cannot be replayed; leave it out, or record that shape with "
+            f"`autotune sweep` on a GPU. A replay can vary {REPLAY_VARIES}")
+    return recorded
 
 
 def _fail(message: str) -> int:
@@ -157,7 +177,7 @@ def options_from_args(args: argparse.Namespace):
         from autotune.landscapes.landscape_file import load
 
         replay = load(args.replay)  # LandscapeError (a ValueError) names the file
-    shape = shape_from_args(args, replay.shape if replay else None)
+    shape = replay_shape(args, replay) if replay else shape_from_args(args)
     enqueue = []
     for key in args.enqueue:
         try:
