@@ -273,6 +273,20 @@ def test_the_shipped_tables_live_in_studies_tuned_of_the_checkout():
     assert (found / "README.md").is_file()
 
 
+def test_the_tuned_readme_says_what_is_shipped():
+    """studies/tuned/README.md once said nothing was shipped while the runtime used 15 shipped rows."""
+    found = runtime.shipped_tables_dir()
+    readme = (found / "README.md").read_text()
+    tables = sorted(found.glob("*.json"))
+    assert tables and "Nothing is shipped" not in readme
+    for table in tables:
+        rows = json.loads(table.read_text())["rows"]
+        usable = [c for c in runtime.shipped_candidates(found) if c.where == str(table)]
+        assert len(usable) == len(rows)  # every shipped row passes the checks the runtime makes
+        gpus = sorted({r["gpu_name"] for r in rows})
+        assert f"`{table.name}`: {len(rows)} rows for the {', '.join(f'`{g}`' for g in gpus)}" in readme
+
+
 # ---- memo -------------------------------------------------------------------------------------------------
 
 @pytest.fixture

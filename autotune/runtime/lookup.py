@@ -16,8 +16,11 @@ Lookup order for `select_config(shape, gpu_name, arch)`, first hit wins:
                 smaller key (seqlen, seqlen_k, batch, heads, kv_heads in that order): deterministic.
   4. heuristic  `space.default_config(problem, arch)`, a pure function.
 
-A row whose config does not parse or that `space.violations` rejects for this arch and problem (a hand-edited
-table, a table from another version of the space) is skipped with an `InvalidRowWarning`, never launched.
+Every row is checked as it is read (store.best_table.row_problem: known family, axes and values, config dict
+agreeing with the key, the space's rules, positive finite figures), and again against this arch and problem
+(`space.violations`); a row that fails (a hand-edited table, a table from another version of the space) is
+skipped with an `InvalidRowWarning` naming it (a shipped file's row by its index), never launched, and the rest
+of its file or storage is kept. The user's storage is opened read-only: nothing is ever created or written.
 
 Caching, per process: the rows of one (storage URL, GPU, arch, problem) are read once; shipped tables are parsed
 once per directory; selections are memoized by (GPU, arch, shape, storage URL, tables dir); `resolve()` memoizes

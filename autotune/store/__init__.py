@@ -7,6 +7,12 @@ claims table of shared storages (claims.py). Optuna's own tables are Optuna's; t
 
 May import: space/ only. Nothing else of autotune.
 
-Public names: storage_url.resolve_storage_url, prepare, describe, default_root, gpu_slug; best_table.BestStore,
-BestEntry, RecordResult, StoreError, read_export, open_store, shape_distance; claims.Claims, Owner.
+Storage mistakes (a malformed URL, a missing directory or file, a corrupt file, a server that does not answer)
+are one StorageError each, a line naming the URL or file and what to do (storage_url.prepare); a store opened
+read_only creates and writes nothing. Every tuned row that comes from outside the search is checked by
+best_table.row_problem, and a bad row costs that row only.
+
+Public names: storage_url.resolve_storage_url, prepare, describe, default_root, gpu_slug, gpu_matches,
+StorageError; best_table.BestStore, BestEntry, RecordResult, StoreError, ExportRows, read_export, row_problem,
+row_matches, parse_config_key, write_atomically, open_store, shape_distance; claims.Claims, Owner.
 """
