@@ -186,7 +186,9 @@ def _read_storage(url: str, gpu_name: str, arch: Arch, problem: Problem) -> tupl
 
     where = storage_url.describe(url)
     try:
-        with BestStore(url, read_only=True) as store:  # the runtime never creates or writes anything there
+        # Read-only: the runtime never creates or writes anything there. Not `thorough`: a full integrity check
+        # of a large storage would cost seconds on the first call; a damaged page still fails the read below.
+        with BestStore(url, read_only=True, thorough=False) as store:
             entries = store.all_rows(gpu_name=gpu_name, arch=arch.name, dtype=problem.dtype,
                                      head_dim=problem.head_dim, causal=problem.causal)
             skipped = store.skipped

@@ -284,15 +284,15 @@ class ImportCounts:
 class BestStore:
     """The table behind a storage URL. Methods are the verbs: record_best, lookup, all_rows, export/import."""
 
-    def __init__(self, url: str | None = None, *, read_only: bool = False):
+    def __init__(self, url: str | None = None, *, read_only: bool = False, thorough: bool = True):
         """Open the table behind `url` (resolved like the search's --storage). `read_only` (best, export, the
         runtime): a missing SQLite file is a StorageError rather than a new empty database, and nothing is
         created or written, not even our tables in a storage that lacks them (it then reads as empty).
         Storage mistakes (malformed URL, missing directory or file, corrupt file, no server) raise
-        storage_url.StorageError before anything is opened."""
+        storage_url.StorageError before anything is opened (`thorough`: see storage_url.prepare)."""
         self.read_only = read_only
         self.skipped: list[str] = []  # the rows the last all_rows() left out, each with why
-        self.url = storage_url.prepare(storage_url.resolve_storage_url(url), create=not read_only)
+        self.url = storage_url.prepare(storage_url.resolve_storage_url(url), create=not read_only, thorough=thorough)
         connect_args = {"timeout": 60} if self.url.startswith("sqlite") else {}  # Optuna may hold the write lock
         self.engine = create_engine(self.url, connect_args=connect_args)
         try:

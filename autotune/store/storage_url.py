@@ -104,7 +104,7 @@ def sqlite_path(url: str) -> Path | None:
     return Path(parsed.database)
 
 
-def prepare(url: str, *, create: bool = True) -> str:
+def prepare(url: str, *, create: bool = True, thorough: bool = True) -> str:
     """Check that the storage at `url` can be opened, and return the URL to open it with (a bare postgresql://
     given the driver that is installed, see postgres_driver). StorageError (one line) when it cannot.
 
@@ -112,11 +112,12 @@ def prepare(url: str, *, create: bool = True) -> str:
     a missing file is created later by whoever opens it when `create`, else refused (read-only commands never
     create databases); its directory must exist, except the default storage's studies/ which is created.
     Servers: one connection is made and closed, with a timeout, so that a wrong host or a stopped server is said
-    in one line before anything else is attempted.
+    in one line before anything else is attempted. `thorough=False` (the runtime, which reads a storage on the
+    first call of each problem and must stay fast on a large one) checks an SQLite file's header only.
     """
     path = sqlite_path(url)
     if path is not None:
-        _check_sqlite(url, path.expanduser(), create)
+        _check_sqlite(url, path.expanduser(), create, thorough)
         return url
     url = postgres_driver(url)
     if not url.startswith("sqlite"):
@@ -124,7 +125,7 @@ def prepare(url: str, *, create: bool = True) -> str:
     return url
 
 
-def _check_sqlite(url: str, path: Path, create: bool) -> None:
+def _check_sqlite(url: str, path: Path, create: bool, thorough: bool) -> None:
     if path.is_dir():
         raise StorageError(f"{describe(url)}: {path} is a directory; name a database file inside it, e.g. "
                            f"sqlite:///{path / DB_NAME}")
@@ -139,12 +140,13 @@ def _check_sqlite(url: str, path: Path, create: bool) -> None:
                                    f"(mkdir -p {path.parent}) or fix the URL")
             path.parent.mkdir(parents=True, exist_ok=True)  # the default studies/ of a fresh install
         return
-    check_sqlite_file(path, describe(url))
+    check_sqlite_file(path, describe(url), thorough=thorough)
 
 
-def check_sqlite_file(path: Path, name: str | None = None) -> None:
-    """StorageError unless `path` is an SQLite database that passes `PRAGMA quick_check`. Opened read-only, so
-    the check itself can never modify the file. An empty file is an empty database to SQLite: accepted."""
+def check_sqlite_file(path: Path, name: str | None = None, *, thorough: bool = True) -> None:
+    """StorageError unless `path` is an SQLite database that passes `PRAGMA quick_check` (`thorough=False`: that
+    starts like one). Opened read-only, so the check itself can never modify the file. An empty file is an empty
+    database to SQLite: accepted."""
     name = name or str(path)
     try:
         with open(path, "rb") as f:
@@ -156,6 +158,8 @@ def check_sqlite_file(path: Path, name: str | None = None) -> None:
     what_to_do = "it was left untouched; move it aside or pass another --storage"
     if head != SQLITE_MAGIC:
         raise StorageError(f"{name}: not an SQLite database (it starts with {head[:8]!r}); {what_to_do}")
+    if not thorough:
+        return
     if any(Path(f"{path}{suffix}").exists() for suffix in ("-journal", "-wal")):
         return  # an interrupted transaction that the next writer rolls back: a read-only check cannot judge it
     try:
