@@ -24,6 +24,7 @@ from .launch_params import FlashFwdParams, InputShape, make_params
 
 MAX_GRID_YZ = 65535
 MAX_GRID_X = 2**31 - 1
+MAX_PERSISTENT_TILES = 2**29  # flash_fwd.cu's Cursor: (units + CTAs) << 2 fits 32 bits
 
 
 class CudaError(RuntimeError):
@@ -274,9 +275,12 @@ class KernelRunner:
         gx, gy, gz = self.layout.grid(shape.batch, shape.heads, shape.seqlen_q, resident)
         if self.layout.scheduler != "grid":
             tiles = -(-shape.seqlen_q // self.layout.rows_per_block) * shape.heads * shape.batch
-            if tiles > MAX_GRID_X:  # also the kernel's int tile index
-                raise ValueError(f"q: {tiles} tiles of {self.layout.rows_per_block} query rows exceed "
-                                 f"{MAX_GRID_X} (batch {shape.batch} × heads {shape.heads} × query blocks)")
+            # lpt: blockIdx.x is the tile; persistent: the kernel's cursor keeps unit + CTAs in 30 bits
+            limit = MAX_GRID_X if self.layout.scheduler == "lpt" else MAX_PERSISTENT_TILES
+            if tiles > limit:
+                raise ValueError(f"q: {tiles} tiles of {self.layout.rows_per_block} query rows exceed {limit} for "
+                                 f"the {self.layout.scheduler} scheduler (batch {shape.batch} × heads {shape.heads} "
+                                 "× query blocks)")
             return gx, gy, gz
         if gx > MAX_GRID_X:
             raise ValueError(f"q: seqlen_q {shape.seqlen_q} needs {gx} CTAs along grid.x (max {MAX_GRID_X})")

@@ -83,8 +83,7 @@ def tile_order(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: i
     when causal."""
     num_m = -(-seqlen_q // rows)
     pairs = batch * heads
-    kv_fit = L2_SECTION_BYTES // (2 * seqlen_k * head_dim * ELEM_BYTES)
-    group = min(max(1, kv_fit) * (heads // kv_heads), pairs)
+    group = _sections(batch, heads, kv_heads, seqlen_k, head_dim)
     out = []
     for t in range(num_m * pairs):
         section, r = divmod(t, group * num_m)
@@ -95,15 +94,33 @@ def tile_order(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: i
     return out
 
 
-def persistent_tiles(cta: int, ctas: int, tiles: int, causal: bool) -> list[int]:
-    """Tile indices persistent CTA `cta` of `ctas` runs (flash_fwd.cu: persistent_tile): a stride of `ctas`,
-    every odd round reversed when causal."""
+def _sections(batch: int, heads: int, kv_heads: int, seqlen_k: int, head_dim: int) -> int:
+    """(batch, head) pairs per L2 section: whole GQA groups whose K and V fit in L2_SECTION_BYTES."""
+    kv_fit = L2_SECTION_BYTES // (2 * seqlen_k * head_dim * ELEM_BYTES)
+    return min(max(1, kv_fit) * (heads // kv_heads), batch * heads)
+
+
+def persistent_tiles(cta: int, ctas: int, batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int,
+                     head_dim: int, rows: int, causal: bool) -> list[tuple[int, int, int]]:
+    """(query block, head, batch) of the tiles persistent CTA `cta` of `ctas` runs, in order (flash_fwd.cu:
+    num_units/unit_block): units u = cta, cta + ctas, ...; a unit is one tile of tile_order, or when causal the
+    pair of blocks (num_m - 1 - j, j) of one head, longest first, ordered like tile_order with j for the block."""
+    if not causal:
+        order = tile_order(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, rows, causal)
+        return [order[u] for u in range(cta, len(order), ctas)]
+    num_m = -(-seqlen_q // rows)
+    num_j = (num_m + 1) // 2
+    pairs = batch * heads
+    group = _sections(batch, heads, kv_heads, seqlen_k, head_dim)
     out = []
-    for i in range(-(-tiles // ctas) + 1):
-        t = i * ctas + (ctas - 1 - cta if causal and i % 2 else cta)
-        if t >= tiles:
-            break
-        out.append(t)
+    for u in range(cta, num_j * pairs, ctas):
+        section, r = divmod(u, group * num_j)
+        first = section * group
+        j, k = divmod(r, min(group, pairs - first))
+        b, h = divmod(first + k, heads)
+        out.append((num_m - 1 - j, h, b))
+        if j != num_m - 1 - j:
+            out.append((j, h, b))
     return out
 
 

@@ -110,11 +110,51 @@ __device__ __forceinline__ Tile tile_at(const FlashFwdParams& p, const TileOrder
     return tile;
 }
 
-// Persistent CTA `cta` of `ctas`: its i-th tile index. Causal tiles shrink along the order, so odd rounds run
-// backwards (a snake) and every CTA gets a long and a short tile in each pair of rounds. ≥ tiles: no more work.
-__device__ __forceinline__ int persistent_tile(int i, int cta, int ctas) {
-    const int in_round = (kCausal && (i & 1)) ? ctas - 1 - cta : cta;
-    return i * ctas + in_round;
+// Persistent CTAs stride through work units: u = blockIdx.x, + gridDim.x, ... A unit is one tile, except under
+// causal masking, where it is the pair of query blocks (num_m - 1 - j, j) of one head: a pair walks about
+// (num_m + 1)·Br/Bc key tiles whatever j, so a static stride shares the work out evenly (the lone middle block
+// when num_m is odd, half a unit, comes last in its section). Sections and heads as in tile_at, j for the block.
+__device__ __forceinline__ int num_units(const FlashFwdParams& p, const TileOrder& o) {
+    return kCausal ? (o.num_m + 1) / 2 * p.batch * p.heads : o.tiles;
+}
+
+// A persistent CTA's place in its sequence, in one register: unit << 2 | block of the unit << 1 | Q parity (the
+// parity of the tiles done so far). The host keeps units + CTAs below 2^30 (autotune.loader).
+struct Cursor {
+    uint32_t bits;
+    __device__ int unit() const { return static_cast<int>(bits >> 2); }
+    __device__ int block() const { return static_cast<int>((bits >> 1) & 1); }
+    __device__ uint32_t q_parity() const { return bits & 1; }
+    __device__ void tile_done() { bits ^= 1; }
+    // The unit's second block (causal), else the next unit of this CTA.
+    __device__ void next(uint32_t ctas) {
+        if (kCausal && block() == 0)
+            bits |= 2;
+        else
+            bits = ((bits >> 2) + ctas) << 2 | (bits & 1);
+    }
+};
+
+// Query block `k` (0 or 1) of unit u, or -1 when the unit has no such block; head and batch through `tile`.
+__device__ __forceinline__ int unit_block(const FlashFwdParams& p, const TileOrder& o, int u, int k, Tile& tile) {
+    if constexpr (!kCausal) {
+        tile = tile_at(p, o, u);
+        return k == 0 ? tile.m_block : -1;
+    } else {
+        const int num_j = (o.num_m + 1) / 2;
+        const int per_section = o.group * num_j;
+        const int section = u / per_section;
+        const int r = u - section * per_section;
+        const int first = section * o.group;
+        const int heads_here = min(o.group, p.batch * p.heads - first);
+        const int j = r / heads_here;
+        const int pair = first + (r - j * heads_here);
+        tile.batch = pair / p.heads;
+        tile.head = pair - tile.batch * p.heads;
+        const int long_block = o.num_m - 1 - j;
+        tile.m_block = k == 0 ? long_block : (j != long_block ? j : -1);
+        return tile.m_block;
+    }
 }
 
 // ---- producer ------------------------------------------------------------------------------------------------------
@@ -541,31 +581,38 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
         }
     } else {
         // Every role walks the same tile sequence; the mbarrier parities (ring, Q full/empty) carry across tiles.
-        // Only i and the ring are carried: the order is recomputed from the parameters (constant bank) each tile,
-        // which keeps the consumers' loop-carried registers at what one tile needs (d256 is at its budget).
+        // Only the cursor and the ring are carried: the order is recomputed from the parameters (constant bank)
+        // each tile, which keeps the consumers' loop-carried registers at what one tile needs (d256 is at its
+        // budget: one more live register across consume() spills there).
         if (warpgroup == 0) {
             if constexpr (kSetMaxNReg) setmaxnreg_dec<kProducerRegs>();
             if (threadIdx.x == 0) {
-                for (int i = 0;; ++i) {
+                for (Cursor c{blockIdx.x << 2};;) {
                     const TileOrder order = tile_order(p);
-                    const int t = persistent_tile(i, blockIdx.x, gridDim.x);
-                    if (t >= order.tiles) break;
-                    const Tile work = tile_at(p, order, t);
-                    const int work_m0 = work.m_block * kBr;
-                    produce(p, sm, &tm_q, &tm_k, &tm_v, work_m0, work.head, work.head / (p.heads / p.kv_heads),
-                            work.batch, num_kv_tiles(p, work_m0), ring, i & 1);
+                    if (c.unit() >= num_units(p, order)) break;
+                    Tile work;
+                    if (unit_block(p, order, c.unit(), c.block(), work) >= 0) {
+                        const int work_m0 = work.m_block * kBr;
+                        produce(p, sm, &tm_q, &tm_k, &tm_v, work_m0, work.head, work.head / (p.heads / p.kv_heads),
+                                work.batch, num_kv_tiles(p, work_m0), ring, static_cast<int>(c.q_parity()));
+                        c.tile_done();
+                    }
+                    c.next(gridDim.x);
                 }
             }
         } else {
             if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
-            for (int i = 0;; ++i) {
+            for (Cursor c{blockIdx.x << 2};;) {
                 const TileOrder order = tile_order(p);
-                const int t = persistent_tile(i, blockIdx.x, gridDim.x);
-                if (t >= order.tiles) break;
-                const Tile work = tile_at(p, order, t);
-                const int work_m0 = work.m_block * kBr;
-                consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, num_kv_tiles(p, work_m0), ring,
-                        static_cast<uint32_t>(i & 1));
+                if (c.unit() >= num_units(p, order)) break;
+                Tile work;
+                if (unit_block(p, order, c.unit(), c.block(), work) >= 0) {
+                    const int work_m0 = work.m_block * kBr;
+                    consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, num_kv_tiles(p, work_m0), ring,
+                            c.q_parity());
+                    c.tile_done();
+                }
+                c.next(gridDim.x);
             }
         }
     }
