@@ -157,6 +157,24 @@ __device__ __forceinline__ int unit_block(const FlashFwdParams& p, const TileOrd
     }
 }
 
+// Persistent: run(tile, its first query row, its Q parity) for each tile of this CTA's sequence. Only the cursor
+// (and the caller's ring) is carried from tile to tile: the order is recomputed from the parameters (constant
+// bank) each time, which keeps the consumers' loop-carried registers at what one tile needs (d256 is at its
+// budget: one more live register across consume() spills there).
+template <class Run>
+__device__ __forceinline__ void for_each_tile(const FlashFwdParams& p, Run&& run) {
+    for (Cursor c{blockIdx.x << 2};;) {
+        const TileOrder order = tile_order(p);
+        if (c.unit() >= num_units(p, order)) break;
+        Tile work;
+        if (unit_block(p, order, c.unit(), c.block(), work) >= 0) {
+            run(work, work.m_block * kBr, c.q_parity());
+            c.tile_done();
+        }
+        c.next(gridDim.x);
+    }
+}
+
 // ---- producer ------------------------------------------------------------------------------------------------------
 
 __device__ __forceinline__ void load_q(const Smem& sm, const CUtensorMap* tm_q, int m0, int head, int batch) {
@@ -581,39 +599,19 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
         }
     } else {
         // Every role walks the same tile sequence; the mbarrier parities (ring, Q full/empty) carry across tiles.
-        // Only the cursor and the ring are carried: the order is recomputed from the parameters (constant bank)
-        // each tile, which keeps the consumers' loop-carried registers at what one tile needs (d256 is at its
-        // budget: one more live register across consume() spills there).
         if (warpgroup == 0) {
             if constexpr (kSetMaxNReg) setmaxnreg_dec<kProducerRegs>();
-            if (threadIdx.x == 0) {
-                for (Cursor c{blockIdx.x << 2};;) {
-                    const TileOrder order = tile_order(p);
-                    if (c.unit() >= num_units(p, order)) break;
-                    Tile work;
-                    if (unit_block(p, order, c.unit(), c.block(), work) >= 0) {
-                        const int work_m0 = work.m_block * kBr;
-                        produce(p, sm, &tm_q, &tm_k, &tm_v, work_m0, work.head, work.head / (p.heads / p.kv_heads),
-                                work.batch, num_kv_tiles(p, work_m0), ring, static_cast<int>(c.q_parity()));
-                        c.tile_done();
-                    }
-                    c.next(gridDim.x);
-                }
-            }
+            if (threadIdx.x == 0)
+                for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_parity) {
+                    produce(p, sm, &tm_q, &tm_k, &tm_v, work_m0, work.head, work.head / (p.heads / p.kv_heads),
+                            work.batch, num_kv_tiles(p, work_m0), ring, static_cast<int>(q_parity));
+                });
         } else {
             if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
-            for (Cursor c{blockIdx.x << 2};;) {
-                const TileOrder order = tile_order(p);
-                if (c.unit() >= num_units(p, order)) break;
-                Tile work;
-                if (unit_block(p, order, c.unit(), c.block(), work) >= 0) {
-                    const int work_m0 = work.m_block * kBr;
-                    consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, num_kv_tiles(p, work_m0), ring,
-                            c.q_parity());
-                    c.tile_done();
-                }
-                c.next(gridDim.x);
-            }
+            for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_parity) {
+                consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, num_kv_tiles(p, work_m0), ring,
+                        q_parity);
+            });
         }
     }
 }
