@@ -12,10 +12,12 @@ import space
 from autotune.landscape import Landscape, Row, make_header
 
 ARCH = space.get_arch("sm_90")
-# fp16 d128: 756 valid wgmma configs on sm_90 (252 per scheduler). A small batch keeps nothing here expensive (no GPU is touched).
+# fp16 d128: 756 valid wgmma configs on sm_90 (252 per scheduler). A small batch keeps nothing here expensive
+# (no GPU is touched).
 SHAPE = space.Shape(batch=1, heads=4, seqlen_q=512, head_dim=128)
 GPU = "Synthetic GPU"
-# head_dim 256: 84 valid wgmma configs (28 per scheduler) in a sampled product of 576, small enough to search exhaustively in a test.
+# head_dim 256: 84 valid wgmma configs (28 per scheduler), small enough to search
+# exhaustively in a test.
 SMALL_SHAPE = space.Shape(batch=1, heads=2, seqlen_q=256, head_dim=256)
 
 

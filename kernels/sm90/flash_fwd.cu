@@ -1,8 +1,8 @@
 // FlashAttention forward, Hopper-native family "wgmma" (sm_90a).
 //
 // A tile is (kBr query rows, head, batch); a CTA works on one tile, or under the persistent scheduler on a strided
-// sequence of them (tile_at). Warpgroup 0 is the producer: one thread issues TMA copies of the
-// Q tile (once per tile) and of K/V tiles into a kStages-deep shared-memory ring, completing on mbarriers (K full, V full,
+// sequence of them (for_each_tile). Warpgroup 0 is the producer: one thread issues TMA copies of the Q tile (once
+// per tile) and of K/V tiles into a kStages-deep shared-memory ring, completing on mbarriers (K full, V full,
 // slot empty per stage). Consumer warpgroups 1..kConsumerWGs each own 64 query rows and run
 //   S = Q·Kᵀ       wgmma m64n{Bc}k16, A and B from 128B-swizzled shared memory (K-major)
 //   online softmax in registers (exp2 with the scale folded in)

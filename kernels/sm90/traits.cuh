@@ -43,9 +43,9 @@ constexpr int kDChunks = kHeadDim / kSwizzleCols;
 constexpr int kChunkRowBytes = kSwizzleCols * kElemBytes;  // 128
 
 // Shared memory, all dynamic: [alignment slack][Q: wg × chunk × 64 rows][K: stage × chunk × Bc rows][V: same]
-// [mbarriers: Q full, then K full, V full and slot empty per stage, then Q empty if persistent]. Swizzled TMA boxes and wgmma descriptors
-// assume 1024-byte-aligned atoms, and the dynamic base is only promised 16-byte alignment, hence the slack.
-// Nothing is static (ptxas rounds static sizes, which would blur the contract with space/).
+// [mbarriers: Q full, then K full, V full and slot empty per stage, then Q empty if persistent]. Swizzled TMA boxes
+// and wgmma descriptors assume 1024-byte-aligned atoms, and the dynamic base is only promised 16-byte alignment,
+// hence the slack. Nothing is static (ptxas rounds static sizes, which would blur the contract with space/).
 constexpr int kSmemAlign = 1024;
 constexpr int kQWGBytes = kRowsPerWG * kHeadDim * kElemBytes;
 constexpr int kQBytes = kBr * kHeadDim * kElemBytes;
