@@ -103,10 +103,11 @@ def _sections(batch: int, heads: int, kv_heads: int, seqlen_k: int, head_dim: in
 def persistent_tiles(cta: int, ctas: int, batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int,
                      head_dim: int, rows: int, causal: bool) -> list[tuple[int, int, int]]:
     """(query block, head, batch) of the tiles persistent CTA `cta` of `ctas` runs, in order (flash_fwd.cu:
-    num_units/unit_block): units u = cta, cta + ctas, ...; a unit is one tile of tile_order, or when causal the
-    pair of blocks (num_m - 1 - j, j) of one head, longest first, ordered like tile_order with j for the block."""
-    if not causal:
-        order = tile_order(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, rows, causal)
+    num_units/unit_block): units u = cta, cta + ctas, ...; a unit is one tile of tile_order, or when causal with
+    more tiles than CTAs the pair of blocks (num_m - 1 - j, j) of one head, longest first, ordered like tile_order
+    with j for the block."""
+    order = tile_order(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, rows, causal)
+    if not causal or len(order) <= ctas:
         return [order[u] for u in range(cta, len(order), ctas)]
     num_m = -(-seqlen_q // rows)
     num_j = (num_m + 1) // 2

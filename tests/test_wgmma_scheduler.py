@@ -147,3 +147,10 @@ def test_a_landscape_key_out_of_order_is_still_refused():
     assert landscape._current_key(OLD_KEY) == OLD_KEY + ",scheduler=grid"
     shuffled = "wgmma:bc=128,consumer_wgs=2,stages=3,setmaxnreg=1,overlap=1,pingpong=0,o_store=smem,min_blocks=1"
     assert landscape._current_key(shuffled) == shuffled  # left for validate() to reject
+
+
+def test_persistent_pairs_only_when_tiles_outnumber_ctas():
+    # B1 H4 N1000 causal, Br 128: 32 tiles on 132 CTAs, one each (pairing would serialise two on one CTA)
+    per_cta = [wg.persistent_tiles(c, 32, 1, 4, 4, 1000, 1000, 128, 128, True) for c in range(32)]
+    assert all(len(tiles) == 1 for tiles in per_cta)
+    assert len(wg.persistent_tiles(0, 16, 1, 4, 4, 1000, 1000, 128, 128, True)) == 2  # 32 tiles on 16: pairs

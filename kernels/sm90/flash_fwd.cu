@@ -111,11 +111,16 @@ __device__ __forceinline__ Tile tile_at(const FlashFwdParams& p, const TileOrder
 }
 
 // Persistent CTAs stride through work units: u = blockIdx.x, + gridDim.x, ... A unit is one tile, except under
-// causal masking, where it is the pair of query blocks (num_m - 1 - j, j) of one head: a pair walks about
-// (num_m + 1)·Br/Bc key tiles whatever j, so a static stride shares the work out evenly (the lone middle block
-// when num_m is odd, half a unit, comes last in its section). Sections and heads as in tile_at, j for the block.
+// causal masking with more tiles than CTAs, where it is the pair of query blocks (num_m - 1 - j, j) of one head: a
+// pair walks about (num_m + 1)·Br/Bc key tiles whatever j, so a static stride shares the work out evenly (the lone
+// middle block when num_m is odd, half a unit, comes last in its section). Sections and heads as in tile_at, j for
+// the block. (With no more tiles than CTAs every CTA gets one tile, and pairing would only serialise two.)
+__device__ __forceinline__ bool pairs_blocks(const TileOrder& o) {
+    return kCausal && o.tiles > static_cast<int>(gridDim.x);
+}
+
 __device__ __forceinline__ int num_units(const FlashFwdParams& p, const TileOrder& o) {
-    return kCausal ? (o.num_m + 1) / 2 * p.batch * p.heads : o.tiles;
+    return pairs_blocks(o) ? (o.num_m + 1) / 2 * p.batch * p.heads : o.tiles;
 }
 
 // A persistent CTA's place in its sequence, in one register: unit << 2 | block of the unit << 1 | Q parity (the
@@ -126,9 +131,9 @@ struct Cursor {
     __device__ int block() const { return static_cast<int>((bits >> 1) & 1); }
     __device__ uint32_t q_parity() const { return bits & 1; }
     __device__ void tile_done() { bits ^= 1; }
-    // The unit's second block (causal), else the next unit of this CTA.
-    __device__ void next(uint32_t ctas) {
-        if (kCausal && block() == 0)
+    // The unit's second block (pairs), else the next unit of this CTA.
+    __device__ void next(bool pairs, uint32_t ctas) {
+        if (pairs && block() == 0)
             bits |= 2;
         else
             bits = ((bits >> 2) + ctas) << 2 | (bits & 1);
@@ -137,7 +142,7 @@ struct Cursor {
 
 // Query block `k` (0 or 1) of unit u, or -1 when the unit has no such block; head and batch through `tile`.
 __device__ __forceinline__ int unit_block(const FlashFwdParams& p, const TileOrder& o, int u, int k, Tile& tile) {
-    if constexpr (!kCausal) {
+    if (!pairs_blocks(o)) {
         tile = tile_at(p, o, u);
         return k == 0 ? tile.m_block : -1;
     } else {
@@ -171,7 +176,7 @@ __device__ __forceinline__ void for_each_tile(const FlashFwdParams& p, Run&& run
             run(work, work.m_block * kBr, c.q_parity());
             c.tile_done();
         }
-        c.next(gridDim.x);
+        c.next(pairs_blocks(order), gridDim.x);
     }
 }
 
