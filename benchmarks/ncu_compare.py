@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 # (label, ncu metric) in the table's order; the stall rows are added from whatever ncu reported.
 METRICS = (
     ("duration (us)", "gpu__time_duration.sum"),
-    ("tensor pipe (wgmma) active, % of peak", "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active"),
+    # Hopper's wgmma runs on the "tensor" pipe (sm__pipe_tensor_op_gmma_* is not a metric ncu 2025.3 knows)
+    ("tensor pipe active, % of peak", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"),
     ("SM throughput, % of peak", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
     ("issue slots busy, %", "sm__inst_issued.avg.pct_of_peak_sustained_active"),
     ("warp cycles per issued instruction", "smsp__average_warp_latency_per_inst_issued.ratio"),
@@ -90,7 +91,8 @@ def table(raw_csv: Path) -> str:
     header, units, kernels = rows[0], rows[1], rows[2:]
     col = {name: i for i, name in enumerate(header)}
     names = [k[col["Kernel Name"]] for k in kernels]
-    labels = ["ours" if "flash_fwd_" in n else "FlashAttention-4" if "lash" in n or "attn" in n.lower() else n[:30]
+    # ours: flash_fwd_wgmma / flash_fwd_mma_sync; FlashAttention-4's CuTe DSL name also contains "flash_fwd"
+    labels = ["ours" if n.startswith("flash_fwd_") else "FlashAttention-4" if "flash_attn" in n else n[:30]
               for n in names]
     scale = {"gpu__time_duration.sum": 1e-3, "smsp__inst_executed.sum": 1e-6, "dram__bytes_read.sum": 1e-6,
              "launch__shared_mem_per_block_dynamic": 1 / 1024}

@@ -53,11 +53,34 @@ class Layout:
     threads: int
     smem_static: int
     smem_dynamic: int
-    rows_per_block: int  # query rows covered by one CTA (grid.x = ceil(seqlen_q / rows_per_block))
+    rows_per_block: int  # query rows covered by one tile (and by one CTA unless the scheduler is persistent)
+    scheduler: str = "grid"  # how tiles map to CTAs: "grid", "lpt" (1-D, one tile each) or "persistent"
 
     @property
     def smem_total(self) -> int:
         return self.smem_static + self.smem_dynamic
+
+    @property
+    def needs_residency(self) -> bool:
+        """The grid depends on the device: SMs × resident CTAs per SM (grid() wants both)."""
+        return self.scheduler == "persistent"
+
+    def grid(self, batch: int, heads: int, seqlen_q: int, resident_ctas: int | None = None) -> tuple[int, int, int]:
+        """The launch grid, the one formula every launch uses (autotune.loader.KernelRunner.grid):
+        grid: (ceil(seqlen_q / rows), heads, batch); lpt: (tiles, 1, 1); persistent: (min(tiles, resident_ctas),
+        1, 1) with resident_ctas = SMs × CTAs of this kernel resident per SM."""
+        m_blocks = -(-seqlen_q // self.rows_per_block)
+        if self.scheduler == "grid":
+            return m_blocks, heads, batch
+        tiles = m_blocks * heads * batch
+        if self.scheduler == "lpt":
+            return tiles, 1, 1
+        if self.scheduler == "persistent":
+            if not resident_ctas or resident_ctas < 1:
+                raise ValueError(f"resident_ctas: a persistent grid needs SMs × resident CTAs (>= 1), "
+                                 f"got {resident_ctas!r}")
+            return min(tiles, resident_ctas), 1, 1
+        raise ValueError(f"scheduler: expected grid, lpt or persistent, got {self.scheduler!r}")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ MAX_CONSUMER_REGS = 240
 # Registers beyond S + O + P: row statistics, indices, addresses; the overlapped loop keeps more alive across the
 # asynchronous P·V. Calibrated on ptxas 13.0 (smallest margins with no spill in the sampled space).
 REG_OVERHEAD = {False: 8, True: 32}
+SCHEDULERS = ("grid", "lpt", "persistent")  # AT_SCHEDULER = index; "grid" is the kernel as it was before the axis
+L2_SECTION_BYTES = 32 << 20  # K/V bytes of one section of heads in the lpt order (traits.cuh: kL2SectionBytes)
 
 AXES = (
     Axis("consumer_wgs", (1, 2, 3), "AT_CONSUMER_WGS",
@@ -37,6 +39,11 @@ AXES = (
          "O written from the accumulator fragments (4-byte stores), or staged in the warpgroup's Q slot of shared "
          "memory and written as 16-byte row chunks", lambda v: v == "smem"),
     Axis("min_blocks", (1, 2), "AT_MIN_BLOCKS", "__launch_bounds__ minimum resident CTAs per SM"),
+    Axis("scheduler", SCHEDULERS, "AT_SCHEDULER",
+         "which tiles a CTA runs: grid (one CTA per (query block, head, batch), causal blocks reversed), lpt (one "
+         "CTA per tile, tiles in L2-sized head sections, longest first when causal) or persistent (SMs × resident "
+         "CTAs, each striding through the lpt order; the next tile's loads overlap the current tile's epilogue)",
+         SCHEDULERS.index, default="grid"),
 )
 
 
@@ -49,7 +56,8 @@ def threads(c: Config) -> int:
 
 
 def num_barriers(c: Config) -> int:
-    return 1 + 3 * c.stages  # Q full; K full, V full, slot empty per stage
+    # Q full; K full, V full, slot empty per stage; persistent: Q empty
+    return 1 + 3 * c.stages + (c.scheduler == "persistent")
 
 
 def smem_regions(c: Config, p: Problem) -> dict[str, int]:
@@ -64,7 +72,57 @@ def smem_regions(c: Config, p: Problem) -> dict[str, int]:
 
 def layout(c: Config, p: Problem) -> Layout:
     return Layout(threads=threads(c), smem_static=0, smem_dynamic=sum(smem_regions(c, p).values()),
-                  rows_per_block=br(c))
+                  rows_per_block=br(c), scheduler=c.scheduler)
+
+
+def tile_order(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, rows: int,
+               causal: bool) -> list[tuple[int, int, int]]:
+    """(query block, head, batch) of every tile in the lpt/persistent order: the CPU twin of flash_fwd.cu's
+    tile_order/tile_at. Sections of `group` (batch, head) pairs whose K and V fit in L2_SECTION_BYTES (a whole
+    number of GQA groups), each run query block by query block with its heads side by side, last block first
+    when causal."""
+    num_m = -(-seqlen_q // rows)
+    pairs = batch * heads
+    group = _sections(batch, heads, kv_heads, seqlen_k, head_dim)
+    out = []
+    for t in range(num_m * pairs):
+        section, r = divmod(t, group * num_m)
+        first = section * group
+        mb, k = divmod(r, min(group, pairs - first))
+        b, h = divmod(first + k, heads)
+        out.append((num_m - 1 - mb if causal else mb, h, b))
+    return out
+
+
+def _sections(batch: int, heads: int, kv_heads: int, seqlen_k: int, head_dim: int) -> int:
+    """(batch, head) pairs per L2 section: whole GQA groups whose K and V fit in L2_SECTION_BYTES."""
+    kv_fit = L2_SECTION_BYTES // (2 * seqlen_k * head_dim * ELEM_BYTES)
+    return min(max(1, kv_fit) * (heads // kv_heads), batch * heads)
+
+
+def persistent_tiles(cta: int, ctas: int, batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int,
+                     head_dim: int, rows: int, causal: bool) -> list[tuple[int, int, int]]:
+    """(query block, head, batch) of the tiles persistent CTA `cta` of `ctas` runs, in order (flash_fwd.cu:
+    num_units/unit_block): units u = cta, cta + ctas, ...; a unit is one tile of tile_order, or when causal with
+    more tiles than CTAs the pair of blocks (num_m - 1 - j, j) of one head, longest first, ordered like tile_order
+    with j for the block."""
+    order = tile_order(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, rows, causal)
+    if not causal or len(order) <= ctas:
+        return [order[u] for u in range(cta, len(order), ctas)]
+    num_m = -(-seqlen_q // rows)
+    num_j = (num_m + 1) // 2
+    pairs = batch * heads
+    group = _sections(batch, heads, kv_heads, seqlen_k, head_dim)
+    out = []
+    for u in range(cta, num_j * pairs, ctas):
+        section, r = divmod(u, group * num_j)
+        first = section * group
+        j, k = divmod(r, min(group, pairs - first))
+        b, h = divmod(first + k, heads)
+        out.append((num_m - 1 - j, h, b))
+        if j != num_m - 1 - j:
+            out.append((j, h, b))
+    return out
 
 
 def register_cap(n_threads: int, min_blocks: int) -> int:
@@ -135,13 +193,14 @@ def default(p: Problem, a: Arch) -> Config:
     """The fastest config of a first H200 sweep (benchmarks/h200_sweep.py, 2026-11-29, ~12 sampled wgmma configs
     per shape; docs/benchmarks.md): 2 consumer warpgroups ping-ponging with intra-warpgroup overlap for d128,
     3 warpgroups without ping-pong for d64. FlashAttention-3's own picks (Bc 176 for d128) measured slower here.
-    d256 is unmeasured and keeps FA3's Bc 80."""
+    d256 keeps FA3's Bc 80, without intra-warpgroup overlap or ping-pong and with O staged in smem: the winner of
+    a 30-trial search of B2 H8 N4096 d256 bf16 (2026-12-01, 628 TFLOPS; FA3's overlapped ping-pong 519)."""
     if p.head_dim == 64:
         return Config.make("wgmma", consumer_wgs=3, bc=112, stages=4, setmaxnreg=True, overlap=True,
                            pingpong=False, o_store="smem", min_blocks=1)
     if p.head_dim == 256:
-        return Config.make("wgmma", consumer_wgs=2, bc=80, stages=2, setmaxnreg=True, overlap=True,
-                           pingpong=True, o_store="direct", min_blocks=1)
+        return Config.make("wgmma", consumer_wgs=2, bc=80, stages=2, setmaxnreg=True, overlap=False,
+                           pingpong=False, o_store="smem", min_blocks=1)
     if p.causal:
         return Config.make("wgmma", consumer_wgs=2, bc=96, stages=3, setmaxnreg=False, overlap=True,
                            pingpong=True, o_store="direct", min_blocks=1)

@@ -12,7 +12,7 @@ Tests drive the double through `Control` (the plan, the call log, waiting for a 
 Every call is appended to the file named by $AUTOTUNE_DOUBLE_LOG (one JSON line: pid, parent pid, worker index
 and CUDA_VISIBLE_DEVICES of the search process, call, config key, cubin hash; an `evaluated` line with start and
 end times when an evaluation answers), so tests can see what ran where and when. $AUTOTUNE_DOUBLE_DEVICES sets
-the GPU count device_info reports (default 1).
+the GPU count device_info reports (default 1; $AUTOTUNE_DOUBLE_MIXED makes the last one another model).
 """
 from __future__ import annotations
 
@@ -149,8 +149,13 @@ def sdpa_baselines(shape):
 
 def device_info():
     _log("device_info")
-    return {"gpu_name": GPU_NAME, "arch": os.environ.get("AUTOTUNE_DOUBLE_ARCH", "sm_80"),
-            "device_count": int(os.environ.get("AUTOTUNE_DOUBLE_DEVICES", "1"))}
+    count = int(os.environ.get("AUTOTUNE_DOUBLE_DEVICES", "1"))
+    arch = os.environ.get("AUTOTUNE_DOUBLE_ARCH", "sm_80")
+    # like the real query: every visible GPU's name and arch too (AUTOTUNE_DOUBLE_MIXED: the last one differs)
+    names = [GPU_NAME] * count
+    if os.environ.get("AUTOTUNE_DOUBLE_MIXED") and count > 1:
+        names[-1] = GPU_NAME + " (other model)"
+    return {"gpu_name": GPU_NAME, "arch": arch, "device_count": count, "gpu_names": names, "archs": [arch] * count}
 
 
 def warmup():

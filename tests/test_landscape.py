@@ -43,12 +43,13 @@ def test_one_sorted_line_per_row_for_reviewable_diffs(tmp_path):
 def test_counts_missing_and_completeness():
     ls = small_landscape()
     assert ls.is_complete and ls.missing() == []
-    assert ls.counts() == {"complete": 23, "compile_error": 1, "spilled": 1, "wrong": 1, "crashed": 1, "timeout": 1}
+    # 28 valid configs under each of the 3 schedulers
+    assert ls.counts() == {"complete": 79, "compile_error": 1, "spilled": 1, "wrong": 1, "crashed": 1, "timeout": 1}
     first = sorted(ls.rows)[0]
     del ls.rows[first]
     assert [c.key for c in ls.missing()] == [first]
     assert not ls.is_complete
-    assert "27/28 rows" in ls.summary()
+    assert "83/84 rows" in ls.summary()
 
 
 def _broken(mutate) -> str:

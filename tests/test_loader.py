@@ -206,3 +206,33 @@ def test_runner_finds_a_family_whose_module_was_not_imported(monkeypatch):
     assert loader._family("mma_sync") is family
     with pytest.raises(ValueError, match="family: expected one of"):
         loader._family("nope")
+
+
+def test_runner_grid_per_scheduler():
+    problem = space.Problem(128, "fp16", False)
+    base = space.Config.from_key("wgmma:consumer_wgs=2,bc=128,stages=3,setmaxnreg=1,overlap=1,pingpong=0,"
+                                 "o_store=smem,min_blocks=1")
+    shape = InputShape(batch=3, heads=7, kv_heads=7, seqlen_q=129, seqlen_k=5, head_dim=128, dtype="fp16")
+
+    class Resident:
+        asked = []
+
+        def resident_ctas(self, threads, smem):
+            self.asked.append((threads, smem))
+            return 8
+
+    def runner(scheduler):
+        r = loader.KernelRunner.__new__(loader.KernelRunner)
+        r.config = base.replace(scheduler=scheduler)
+        r.layout = space.layout(r.config, problem)
+        return r
+
+    assert runner("grid").grid(shape) == (2, 7, 3)
+    assert runner("lpt").grid(shape) == (2 * 7 * 3, 1, 1)
+    persistent = runner("persistent")
+    with pytest.raises(ValueError, match="needs the loaded kernel"):
+        persistent.grid(shape)
+    assert persistent.grid(shape, Resident()) == (8, 1, 1)
+    assert Resident.asked == [(384, persistent.layout.smem_dynamic)]
+    with pytest.raises(ValueError, match="tiles of 128 query rows exceed"):
+        persistent.grid(InputShape(60_000, 60_000, 1, 129, 1, 128, "fp16"), Resident())

@@ -35,6 +35,9 @@ def sample() -> tuple[dict, list]:
     """(invalid picks {rule: [(config, problem, rules)]}, valid [(config, problem)]), deterministic."""
     invalid: dict[str, list] = {rule.name: [] for rule in FAMILY.rules}
     valid: list = [(FAMILY.default(p, ARCH), p) for p in PROBLEMS]
+    # every scheduler on every problem's default: its extra barrier, tile order and persistent loop must compile
+    # without spills everywhere, d256 (at its register budget) included
+    valid += [(FAMILY.default(p, ARCH).replace(scheduler=s), p) for p in PROBLEMS for s in ("lpt", "persistent")]
     rng = random.Random(SEED)
     configs = list(space.enumerate_configs(FAMILY.name))
     for problem in SAMPLE_PROBLEMS:
@@ -65,6 +68,7 @@ def test_sample_has_both_verdicts():
     assert {c.pingpong for c, _ in valid} == {True, False}
     assert {c.setmaxnreg for c, _ in valid} == {True, False}
     assert {c.o_store for c, _ in valid} == {"direct", "smem"}
+    assert {c.scheduler for c, _ in valid} == {"grid", "lpt", "persistent"}
 
 
 def test_valid_configs_compile_without_spills(verdicts):
@@ -129,6 +133,9 @@ def test_layout():
     defines = space.defines(c, Problem(64, "fp16", False))
     assert defines["AT_CONSUMER_WGS"] == 3 and defines["AT_SETMAXNREG"] == 1 and defines["AT_PINGPONG"] == 0
     assert defines["AT_EXPECT_SMEM_DYNAMIC"] == lay.smem_dynamic
+    assert defines["AT_SCHEDULER"] == 0 and lay.scheduler == "grid"
+    persistent = space.layout(c.replace(scheduler="persistent"), Problem(64, "fp16", False))
+    assert persistent.smem_dynamic == lay.smem_dynamic + 8 and persistent.scheduler == "persistent"  # Q-empty barrier
 
 
 def test_generated_wgmma_wrappers_are_current():

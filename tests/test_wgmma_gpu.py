@@ -45,6 +45,20 @@ LADDER = tuple(Config.make("wgmma", **d) for d in (
     dict(consumer_wgs=3, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=False, o_store="direct", min_blocks=1),
     dict(consumer_wgs=3, bc=80, stages=2, setmaxnreg=True, overlap=True, pingpong=False, o_store="smem", min_blocks=1),
     dict(consumer_wgs=3, bc=64, stages=3, setmaxnreg=True, overlap=False, pingpong=False, o_store="direct", min_blocks=1),
+    # the scheduler axis: persistent CTAs with O staged in the Q slot (the shipped d128 winner's shape), with
+    # ping-pong turns across tiles, with 3 consumer warpgroups, without overlap at 2 CTAs per SM; and the lpt order
+    dict(consumer_wgs=2, bc=128, stages=3, setmaxnreg=True, overlap=True, pingpong=False, o_store="smem", min_blocks=1,
+         scheduler="persistent"),
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="direct", min_blocks=1,
+         scheduler="persistent"),
+    dict(consumer_wgs=3, bc=128, stages=4, setmaxnreg=True, overlap=True, pingpong=False, o_store="smem", min_blocks=1,
+         scheduler="persistent"),
+    dict(consumer_wgs=1, bc=64, stages=3, setmaxnreg=False, overlap=False, pingpong=False, o_store="direct", min_blocks=2,
+         scheduler="persistent"),
+    dict(consumer_wgs=2, bc=96, stages=3, setmaxnreg=False, overlap=True, pingpong=True, o_store="direct", min_blocks=1,
+         scheduler="lpt"),
+    dict(consumer_wgs=1, bc=112, stages=2, setmaxnreg=False, overlap=False, pingpong=False, o_store="smem", min_blocks=2,
+         scheduler="lpt"),
 ))
 PROBLEMS = tuple(Problem(d, dtype, causal) for d in (64, 128) for dtype in space.DTYPES for causal in (False, True))
 
@@ -57,8 +71,11 @@ def plan_for(problem: Problem) -> list[Config]:
     return list(dict.fromkeys(configs))
 
 
-# head_dim 256 is in the space but no tuned shape uses it: its default config per dtype and causal flag, on every case.
-D256 = tuple((p, FAMILY.default(p, ARCH)) for p in (Problem(256, dt, c) for dt in space.DTYPES for c in (False, True)))
+# head_dim 256 is in the space but no tuned shape uses it: its default config per dtype and causal flag, under every
+# scheduler, on every case.
+D256 = tuple((p, FAMILY.default(p, ARCH).replace(scheduler=s)) for p in (Problem(256, dt, c) for dt in space.DTYPES
+                                                                          for c in (False, True))
+             for s in ("grid", "lpt", "persistent"))
 PLAN = tuple((p, c) for p in PROBLEMS for c in plan_for(p)) + D256
 
 

@@ -507,7 +507,7 @@ def cubin_key(cubin_hash: str | None, config: Config, problem) -> tuple | None:
     if not cubin_hash:
         return None
     lay = space.layout(config, problem)
-    return cubin_hash, lay.threads, lay.smem_static, lay.smem_dynamic, lay.rows_per_block
+    return cubin_hash, lay.threads, lay.smem_static, lay.smem_dynamic, lay.rows_per_block, lay.scheduler
 
 
 __all__ = ["BuildError", "BuildReport", "BuildResult", "Builder", "cubin_key",

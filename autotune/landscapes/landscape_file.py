@@ -214,6 +214,17 @@ def dumps(landscape: Landscape) -> str:
     return "\n".join(lines) + "\n"
 
 
+def upgrade_key(key: str) -> str:
+    """A key recorded before an axis was added (space.Axis.default) names the config whose new axes are at their
+    defaults: today's key is the old one with those axes appended. Anything else is returned as it is (and
+    validate() judges it)."""
+    try:
+        current = Config.from_key(key).key
+    except (KeyError, ValueError):
+        return key
+    return current if current.startswith(key + ",") else key
+
+
 def loads(text: str, source: str = "<string>") -> Landscape:
     try:
         data = json.loads(text)
@@ -231,7 +242,7 @@ def loads(text: str, source: str = "<string>") -> Landscape:
         if not isinstance(d, dict) or "config_key" not in d or "status" not in d:
             raise LandscapeError(f"{source}: row {i} needs config_key and status")
         try:
-            row = Row.from_dict(d)
+            row = Row.from_dict({**d, **{f: upgrade_key(d[f]) for f in ("config_key", "same_cubin_as") if d.get(f)}})
         except LandscapeError as e:
             raise LandscapeError(f"{source}: {e}") from None
         if row.config_key in rows:

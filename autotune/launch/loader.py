@@ -25,6 +25,7 @@ from .params import FlashFwdParams, InputShape, make_params
 
 MAX_GRID_YZ = 65535
 MAX_GRID_X = 2**31 - 1
+MAX_PERSISTENT_TILES = 2**29  # flash_fwd.cu's Cursor: (units + CTAs) << 2 fits 32 bits
 
 
 class CudaError(RuntimeError):
@@ -118,6 +119,7 @@ class Kernel:
         self.device, self.entry = device, entry
         self.max_dynamic_smem = 0  # what CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES is set to
         self._handle = int(function)  # the raw CUfunction, for the ctypes launch
+        self._resident: dict[tuple[int, int], int] = {}  # (threads, smem_dynamic) -> SMs × CTAs per SM
 
     def _make_current(self) -> None:
         drv = driver()
@@ -144,6 +146,21 @@ class Kernel:
         self._make_current()
         return int(cu_check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, threads, smem_dynamic),
                          "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
+
+    def resident_ctas(self, threads: int, smem_dynamic: int) -> int:
+        """CTAs of this kernel the whole device holds at once: SMs × blocks_per_sm (a persistent grid's size).
+        Asked of the driver once per geometry, then remembered (the launch path stays free of driver queries)."""
+        key = (threads, smem_dynamic)
+        found = self._resident.get(key)
+        if found is None:
+            drv = driver()
+            if smem_dynamic > self.max_dynamic_smem:
+                self.set_max_dynamic_smem(smem_dynamic)  # the occupancy query counts with the opt-in limit
+            dev = cu_check(drv.cuDeviceGet(self.device), "cuDeviceGet")
+            attr = drv.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+            sms = int(cu_check(drv.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)"))
+            found = self._resident[key] = sms * max(1, self.blocks_per_sm(threads, smem_dynamic))
+        return found
 
     def launch(self, params: FlashFwdParams, grid: Sequence[int], block: Sequence[int], smem_dynamic: int = 0,
                stream=None, extra_args: Sequence = ()) -> None:
@@ -246,9 +263,26 @@ class KernelRunner:
     def kernel(self, device: int | None = None) -> Kernel:
         return load_kernel(self._cubin, self.family.entry, self.layout.smem_dynamic, device)
 
-    def grid(self, shape: InputShape) -> tuple[int, int, int]:
-        """The contract's grid: (ceil(seqlen_q / rows_per_block), heads, batch)."""
-        gx = -(-shape.seqlen_q // self.layout.rows_per_block)
+    def grid(self, shape: InputShape, kernel: Kernel | None = None) -> tuple[int, int, int]:
+        """The contract's grid, from space.Layout.grid: (ceil(seqlen_q / rows_per_block), heads, batch) for the
+        `grid` scheduler, all tiles along x for `lpt`, SMs × resident CTAs (at most) for `persistent`, which is
+        why that one needs the loaded `kernel` (the driver's occupancy for its geometry)."""
+        resident = None
+        if self.layout.needs_residency:
+            if kernel is None:
+                raise ValueError(f"kernel: the {self.layout.scheduler} grid of {self.config.key} needs the loaded "
+                                 "kernel (SMs × resident CTAs)")
+            resident = kernel.resident_ctas(self.layout.threads, self.layout.smem_dynamic)
+        gx, gy, gz = self.layout.grid(shape.batch, shape.heads, shape.seqlen_q, resident)
+        if self.layout.scheduler != "grid":
+            tiles = -(-shape.seqlen_q // self.layout.rows_per_block) * shape.heads * shape.batch
+            # lpt: blockIdx.x is the tile; persistent: the kernel's cursor keeps unit + CTAs in 30 bits
+            limit = MAX_GRID_X if self.layout.scheduler == "lpt" else MAX_PERSISTENT_TILES
+            if tiles > limit:
+                raise ValueError(f"q: {tiles} tiles of {self.layout.rows_per_block} query rows exceed {limit} for "
+                                 f"the {self.layout.scheduler} scheduler (batch {shape.batch} × heads {shape.heads} "
+                                 "× query blocks)")
+            return gx, gy, gz
         if gx > MAX_GRID_X:
             raise ValueError(f"q: seqlen_q {shape.seqlen_q} needs {gx} CTAs along grid.x (max {MAX_GRID_X})")
         if shape.heads > MAX_GRID_YZ:
@@ -263,7 +297,8 @@ class KernelRunner:
         shape = InputShape(params.batch, params.heads, params.kv_heads, params.seqlen_q, params.seqlen_k,
                            self.problem.head_dim, self.problem.dtype)
         extra = tuple(tma.launch_extra_args(self.config, q, k, v))  # () for parameter-block-only families
-        return Launch(self.kernel(q.device.index), params, self.grid(shape), (self.layout.threads, 1, 1),
+        kernel = self.kernel(q.device.index)
+        return Launch(kernel, params, self.grid(shape, kernel), (self.layout.threads, 1, 1),
                       self.layout.smem_dynamic, (q, k, v, o, lse), extra)
 
     def run(self, q, k, v, o, lse=None, scale: float | None = None) -> None:

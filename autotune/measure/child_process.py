@@ -138,6 +138,7 @@ class Worker:
         self._process = None
         self._conn = None
         self._inflight: tuple[float, float | None] | None = None  # (sent at, timeout) of the call in flight
+        self._ready = False  # the running child sent "ready" (launch() does not wait for it)
         self.starts = 0  # how many children were started (1 + restarts)
 
     @property
@@ -148,7 +149,9 @@ class Worker:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
-    def start(self) -> None:
+    def launch(self) -> None:
+        """Start the child without waiting for it: it imports and warms up (torch, a CUDA context) while the
+        caller goes on (e.g. builds); the next start(), submit() or call() waits until it is ready."""
         if self.alive:
             return
         self.stop()
@@ -158,7 +161,15 @@ class Worker:
         process.start()
         child_conn.close()  # the parent keeps only its end, so EOF shows when the child dies
         self._process, self._conn = process, parent_conn
+        self._ready = False
         self.starts += 1
+
+    def start(self) -> None:
+        """Start the child if none is running, and wait until it is ready (its warm-up done)."""
+        if self.alive and self._ready:
+            return
+        self.launch()
+        process, parent_conn = self._process, self._conn
         if not parent_conn.poll(self.start_timeout):
             self.stop()
             raise WorkerStartError(f"evaluation worker did not become ready within {self.start_timeout:g} s")
@@ -172,6 +183,7 @@ class Worker:
         if kind != "ready":
             self.stop()
             raise WorkerStartError(f"evaluation worker failed to start:\n{payload}")
+        self._ready = True
 
     @property
     def busy(self) -> bool:
@@ -234,6 +246,7 @@ class Worker:
         process, conn = self._process, self._conn
         graceful = graceful and self._inflight is None
         self._process = self._conn = None
+        self._ready = False
         self._inflight = None
         if conn is not None and graceful:
             try:
@@ -403,8 +416,10 @@ def _child_device_info(spec: str) -> dict[str, Any]:
     if not torch.cuda.is_available():
         raise RuntimeError("no CUDA GPU visible to the evaluation worker")
     major, minor = torch.cuda.get_device_capability(0)
-    return {"gpu_name": torch.cuda.get_device_name(0), "arch": f"sm_{major * 10 + minor}",
-            "device_count": torch.cuda.device_count()}
+    count = torch.cuda.device_count()
+    return {"gpu_name": torch.cuda.get_device_name(0), "arch": f"sm_{major * 10 + minor}", "device_count": count,
+            "gpu_names": [torch.cuda.get_device_name(i) for i in range(count)],
+            "archs": ["sm_{}{}".format(*torch.cuda.get_device_capability(i)) for i in range(count)]}
 
 
 class Evaluator:
@@ -423,6 +438,11 @@ class Evaluator:
 
     def start(self) -> None:
         self.worker.start()
+
+    def prestart(self) -> None:
+        """Start the child in the background (see Worker.launch): its torch import and CUDA context overlap
+        whatever the caller does before the first evaluation."""
+        self.worker.launch()
 
     def submit(self, build, shape) -> None:
         """Start evaluating `build` on `shape` in the child; take the outcome with wait()."""

@@ -124,6 +124,9 @@ class WorkerRole:
     index: int
     device: str | None = None
     lock: GpuLock | None = None
+    # The launcher's device query ({gpu_name, arch, device_count}) when every visible GPU is the same model: the
+    # worker then needs no answer from its own evaluator before it starts building (loop.open_session).
+    device_info: dict | None = None
 
     @property
     def tag(self) -> str:
@@ -132,12 +135,13 @@ class WorkerRole:
 
 # -- the worker process -------------------------------------------------------------------------------------
 
-def _worker_main(conn, target, options, index: int, device: str | None, parent: int) -> None:
+def _worker_main(conn, target, options, index: int, device: str | None, parent: int,
+                 device_info: dict | None = None) -> None:
     interrupts.exit_with_parent(signal.SIGINT, parent)
     if device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = device  # inherited by the evaluation child, before any CUDA init
     os.environ[WORKER_ENV] = str(index)
-    role = WorkerRole(index, device, GpuLock(device) if device is not None else None)
+    role = WorkerRole(index, device, GpuLock(device) if device is not None else None, device_info)
 
     def log(line: str) -> None:
         try:
@@ -178,17 +182,19 @@ def _summary(result, device: str | None) -> dict:
 
 # -- the launcher ---------------------------------------------------------------------------------------------
 
-def run_workers(target: Callable, options, devices: list[str], log) -> tuple[dict, list[str], bool]:
+def run_workers(target: Callable, options, devices: list[str], log,
+                device_info: dict | None = None) -> tuple[dict, list[str], bool]:
     """Start one worker process per entry of `devices`, each running `target(options, WorkerRole, log)` (a
     module-level function: spawn pickles it by name), and forward their lines until they all end; returns
-    ({index: (kind, payload)}, notes on workers that died without reporting, whether Ctrl-C was pressed)."""
+    ({index: (kind, payload)}, notes on workers that died without reporting, whether Ctrl-C was pressed).
+    `device_info` (see WorkerRole) is handed to every worker."""
     ctx = multiprocessing.get_context("spawn")
     procs, conns = [], {}
     for index, device in enumerate(devices):
         # One pipe per worker, not a shared Queue: a worker killed while holding a Queue's lock would block
         # every other worker's writes.
         receive, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_worker_main, args=(send, target, options, index, device, os.getpid()),
+        p = ctx.Process(target=_worker_main, args=(send, target, options, index, device, os.getpid(), device_info),
                         name=f"autotune-worker-{index}")
         p.start()
         send.close()
@@ -230,6 +236,15 @@ def run_workers(target: Callable, options, devices: list[str], log) -> tuple[dic
                         "failed by the heartbeat check and re-queued once")
             log(f"[w{index}] died ({_exit_text(p.exitcode)})")
     return summaries, died, interrupted
+
+
+def shared_device_info(info: dict) -> dict | None:
+    """The part of a device query every worker can reuse, or None when the visible GPUs are not all one model
+    (each worker must then ask its own GPU) or the query did not list them."""
+    names, archs = info.get("gpu_names"), info.get("archs")
+    if not names or not archs or len(set(names)) != 1 or len(set(archs)) != 1:
+        return None
+    return {"gpu_name": names[0], "arch": archs[0]}
 
 
 def _exit_text(code: int | None) -> str:
@@ -293,4 +308,4 @@ def merge(session, options, summaries: dict, died: list[str], interrupted: bool)
 
 
 __all__ = ["GpuLock", "LOCK_DIR_ENV", "SqliteWorkersError", "WORKER_ENV", "WorkerRole", "assign", "merge",
-           "refuse_sqlite", "run_workers", "sweep_stale", "visible_devices"]
+           "refuse_sqlite", "run_workers", "shared_device_info", "sweep_stale", "visible_devices"]

@@ -85,13 +85,19 @@ def _search(options: SearchOptions, builder, evaluator, store, log: Callable[[st
     if options.workers > 1:
         distributed.refuse_sqlite(url, options.workers)
     session = open_session(options, url, builder=builder, evaluator=evaluator, log=log)
+    opened = time.monotonic()
     try:
         result = trials(session, options, store, log)
         result.wall_seconds = time.monotonic() - started
+        trials_seconds = time.monotonic() - opened
         if result.interrupted:
             raise SearchInterrupted(result)
+        finale_started = time.monotonic()
         finale(result, session, options, store or url, log)
         result.wall_seconds = time.monotonic() - started
+        # Where the wall time went, coarsely (the summary splits the trials further).
+        log(f"time: opening the study {opened - started:.1f} s, trials {trials_seconds:.1f} s, re-timing and storing "
+            f"{time.monotonic() - finale_started:.1f} s; {result.wall_seconds:.1f} s in all")
         return result
     finally:
         if session.own_evaluator:
@@ -106,7 +112,9 @@ def _trials_here(session: Session, options: SearchOptions, store, log: Callable[
 def _trials_in_workers(session: Session, options: SearchOptions, store, log: Callable[[str], None]) -> SearchResult:
     """--workers N: queue the first configs (so that workers do not race to), then N worker processes run the
     trial loop (`run_worker`) on the study until its budget is met; their figures merged into one result."""
-    session.evaluator.close()  # its GPU context is not needed until the finale: free GPU 0 for a worker
+    # The launcher's evaluator stays up, idle, for the finale's re-timing: an idle CUDA context costs the workers
+    # nothing, and starting a fresh one at the end cost the launcher seconds (torch import, context).
+    started = time.monotonic()
     queue_first(session, studies.StudyMemory.load(session.study, options.shape.problem), options, store, log)
     Claims(session.url).close()  # create the table once, before the workers race to
     devices = distributed.assign(options.workers, distributed.visible_devices(options.gpus, session.device_count))
@@ -114,7 +122,9 @@ def _trials_in_workers(session: Session, options: SearchOptions, store, log: Cal
     worker_options = dataclasses.replace(options, workers=1, jobs=options.jobs or per_host, study_name=session.name)
     log(f"study {session.name}: {options.workers} workers on GPU(s) {', '.join(sorted(set(devices)))}, "
         f"{worker_options.jobs} nvcc job(s) each; storage {storage_url.describe(session.url)}")
-    summaries, died, interrupted = distributed.run_workers(run_worker, worker_options, devices, log)
+    summaries, died, interrupted = distributed.run_workers(run_worker, worker_options, devices, log,
+                                                           distributed.shared_device_info(session.device_info))
+    log(f"workers ended after {time.monotonic() - started:.1f} s (queueing included)")
     if died and not interrupted:
         distributed.sweep_stale(session.study, options, log)
     result = distributed.merge(session, options, summaries, died, interrupted)
@@ -164,6 +174,7 @@ class Session:
     name: str
     storage: object  # optuna RDBStorage (coordination.make_storage)
     study: object
+    device_info: dict = field(default_factory=dict)  # the evaluator's answer (or the launcher's, in a worker)
 
 
 def open_session(options: SearchOptions, url: str, *, builder=None, evaluator=None, log=print,
@@ -172,7 +183,14 @@ def open_session(options: SearchOptions, url: str, *, builder=None, evaluator=No
     own_evaluator = evaluator is None
     evaluator = evaluator or Evaluator(options.evaluator, timeout=options.eval_timeout)
     try:
-        info = evaluator.device_info()
+        handed_down = worker.device_info if worker is not None else None
+        if handed_down and hasattr(evaluator, "prestart"):
+            # The launcher asked a GPU of the same model: start our evaluator in the background, so that its
+            # torch import and CUDA context overlap the first builds instead of preceding them.
+            info = dict(handed_down)
+            evaluator.prestart()
+        else:
+            info = evaluator.device_info()
         gpu_name = str(info.get("gpu_name") or "unknown-gpu")
         arch = choose_arch(options.arch, info.get("arch"))
         if builder is None:
@@ -197,7 +215,7 @@ def open_session(options: SearchOptions, url: str, *, builder=None, evaluator=No
         raise
     count = info.get("device_count")
     return Session(url, evaluator, own_evaluator, gpu_name, arch, count if isinstance(count, int) else None, builder,
-                   prov, search_space, name, storage, study)
+                   prov, search_space, name, storage, study, info)
 
 
 def queue_first(session: Session, memory, options: SearchOptions, store, log) -> None:

@@ -1,7 +1,8 @@
 // FlashAttention forward, Hopper-native family "wgmma" (sm_90a).
 //
-// One CTA per (kBr query rows, head, batch). Warpgroup 0 is the producer: one thread issues TMA copies of the
-// Q tile (once) and of K/V tiles into a kStages-deep shared-memory ring, completing on mbarriers (K full, V full,
+// A tile is (kBr query rows, head, batch); a CTA works on one tile, or under the persistent scheduler on a strided
+// sequence of them (for_each_tile). Warpgroup 0 is the producer: one thread issues TMA copies of the Q tile (once
+// per tile) and of K/V tiles into a kStages-deep shared-memory ring, completing on mbarriers (K full, V full,
 // slot empty per stage). Consumer warpgroups 1..kConsumerWGs each own 64 query rows and run
 //   S = Q·Kᵀ       wgmma m64n{Bc}k16, A and B from 128B-swizzled shared memory (K-major)
 //   online softmax in registers (exp2 with the scale folded in)
@@ -12,7 +13,8 @@
 //   flash_fwd_wgmma(FlashFwdParams p, CUtensorMap tm_q, CUtensorMap tm_k, CUtensorMap tm_v)
 // Tensor maps (autotune/tma.py): rank 4, dims (head_dim, seqlen, heads, batch) with the tensors' real strides,
 // box (64, rows, 1, 1) with rows = 64 for Q and Bc for K/V, 128-byte swizzle, zero fill out of bounds.
-// Launch: grid (ceil(seqlen_q / kBr), heads, batch), block kThreads, dynamic smem kSmemDynamic.
+// Launch (space.Layout.grid): scheduler grid: (ceil(seqlen_q / kBr), heads, batch); lpt: (tiles, 1, 1); persistent:
+// (min(tiles, SMs × resident CTAs per SM), 1, 1). Block kThreads, dynamic smem kSmemDynamic.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -54,6 +56,7 @@ struct Smem {
     __device__ uint32_t k_full(int s) const { return bars + 8 * (1 + s); }
     __device__ uint32_t v_full(int s) const { return bars + 8 * (1 + kStages + s); }
     __device__ uint32_t empty(int s) const { return bars + 8 * (1 + 2 * kStages + s); }
+    __device__ uint32_t q_empty() const { return bars + 8 * (1 + 3 * kStages); }  // persistent only
     __device__ uint32_t k_tile(int s) const { return k + s * kKVTileBytes; }
     __device__ uint32_t v_tile(int s) const { return v + s * kKVTileBytes; }
 };
@@ -66,11 +69,120 @@ __device__ __forceinline__ int num_kv_tiles(const FlashFwdParams& p, int m0) {
     return (kv_end + kBc - 1) / kBc;
 }
 
+// ---- tile order ----------------------------------------------------------------------------------------------------
+// lpt and persistent number the tiles t = 0 .. tiles-1 in sections of `group` consecutive (batch, head) pairs whose
+// K and V fit together in kL2SectionBytes of L2 (a whole number of GQA groups, so a K/V head is never split between
+// sections). A section runs query block by query block, all its heads side by side, the last query block (the one
+// with the most key tiles under causal masking) first. space/wgmma.py: tile_order mirrors this arithmetic.
+
+struct Tile {
+    int m_block, head, batch;
+};
+
+struct TileOrder {
+    int num_m, group, tiles;
+};
+
+__device__ __forceinline__ TileOrder tile_order(const FlashFwdParams& p) {
+    TileOrder o;
+    o.num_m = (p.seqlen_q + kBr - 1) / kBr;
+    const long long kv_head_bytes = 2ll * p.seqlen_k * kHeadDim * kElemBytes;
+    const long long kv_heads_fit = kL2SectionBytes / kv_head_bytes;
+    const int pairs = p.batch * p.heads;
+    const long long group = (kv_heads_fit < 1 ? 1 : kv_heads_fit) * (p.heads / p.kv_heads);
+    o.group = group < pairs ? static_cast<int>(group) : pairs;
+    o.tiles = o.num_m * pairs;
+    return o;
+}
+
+__device__ __forceinline__ Tile tile_at(const FlashFwdParams& p, const TileOrder& o, int t) {
+    const int per_section = o.group * o.num_m;
+    const int section = t / per_section;
+    const int r = t - section * per_section;
+    const int first = section * o.group;
+    const int heads_here = min(o.group, p.batch * p.heads - first);  // the last section may be short
+    const int mb = r / heads_here;
+    const int pair = first + (r - mb * heads_here);
+    Tile tile;
+    tile.batch = pair / p.heads;
+    tile.head = pair - tile.batch * p.heads;
+    tile.m_block = kCausal ? o.num_m - 1 - mb : mb;
+    return tile;
+}
+
+// Persistent CTAs stride through work units: u = blockIdx.x, + gridDim.x, ... A unit is one tile, except under
+// causal masking with more tiles than CTAs, where it is the pair of query blocks (num_m - 1 - j, j) of one head: a
+// pair walks about (num_m + 1)·Br/Bc key tiles whatever j, so a static stride shares the work out evenly (the lone
+// middle block when num_m is odd, half a unit, comes last in its section). Sections and heads as in tile_at, j for
+// the block. (With no more tiles than CTAs every CTA gets one tile, and pairing would only serialise two.)
+__device__ __forceinline__ bool pairs_blocks(const TileOrder& o) {
+    return kCausal && o.tiles > static_cast<int>(gridDim.x);
+}
+
+__device__ __forceinline__ int num_units(const FlashFwdParams& p, const TileOrder& o) {
+    return pairs_blocks(o) ? (o.num_m + 1) / 2 * p.batch * p.heads : o.tiles;
+}
+
+// A persistent CTA's place in its sequence, in one register: unit << 2 | block of the unit << 1 | Q parity (the
+// parity of the tiles done so far). The host keeps units + CTAs below 2^30 (autotune.loader).
+struct Cursor {
+    uint32_t bits;
+    __device__ int unit() const { return static_cast<int>(bits >> 2); }
+    __device__ int block() const { return static_cast<int>((bits >> 1) & 1); }
+    __device__ uint32_t q_parity() const { return bits & 1; }
+    __device__ void tile_done() { bits ^= 1; }
+    // The unit's second block (pairs), else the next unit of this CTA.
+    __device__ void next(bool pairs, uint32_t ctas) {
+        if (pairs && block() == 0)
+            bits |= 2;
+        else
+            bits = ((bits >> 2) + ctas) << 2 | (bits & 1);
+    }
+};
+
+// Query block `k` (0 or 1) of unit u, or -1 when the unit has no such block; head and batch through `tile`.
+__device__ __forceinline__ int unit_block(const FlashFwdParams& p, const TileOrder& o, int u, int k, Tile& tile) {
+    if (!pairs_blocks(o)) {
+        tile = tile_at(p, o, u);
+        return k == 0 ? tile.m_block : -1;
+    } else {
+        const int num_j = (o.num_m + 1) / 2;
+        const int per_section = o.group * num_j;
+        const int section = u / per_section;
+        const int r = u - section * per_section;
+        const int first = section * o.group;
+        const int heads_here = min(o.group, p.batch * p.heads - first);
+        const int j = r / heads_here;
+        const int pair = first + (r - j * heads_here);
+        tile.batch = pair / p.heads;
+        tile.head = pair - tile.batch * p.heads;
+        const int long_block = o.num_m - 1 - j;
+        tile.m_block = k == 0 ? long_block : (j != long_block ? j : -1);
+        return tile.m_block;
+    }
+}
+
+// Persistent: run(tile, its first query row, its Q parity) for each tile of this CTA's sequence. Only the cursor
+// (and the caller's ring) is carried from tile to tile: the order is recomputed from the parameters (constant
+// bank) each time, which keeps the consumers' loop-carried registers at what one tile needs (d256 is at its
+// budget: one more live register across consume() spills there).
+template <class Run>
+__device__ __forceinline__ void for_each_tile(const FlashFwdParams& p, Run&& run) {
+    for (Cursor c{blockIdx.x << 2};;) {
+        const TileOrder order = tile_order(p);
+        if (c.unit() >= num_units(p, order)) break;
+        Tile work;
+        if (unit_block(p, order, c.unit(), c.block(), work) >= 0) {
+            run(work, work.m_block * kBr, c.q_parity());
+            c.tile_done();
+        }
+        c.next(pairs_blocks(order), gridDim.x);
+    }
+}
+
 // ---- producer ------------------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ void produce(const FlashFwdParams& p, const Smem& sm, const CUtensorMap* tm_q,
-                                        const CUtensorMap* tm_k, const CUtensorMap* tm_v, int m0, int head,
-                                        int kv_head, int batch, int n_tiles) {
+__device__ __forceinline__ void load_q(const Smem& sm, const CUtensorMap* tm_q, int m0, int head, int batch) {
     mbar_arrive_expect_tx(sm.q_full(), kQBytes);
 #pragma unroll
     for (int wg = 0; wg < kConsumerWGs; ++wg)
@@ -78,9 +190,30 @@ __device__ __forceinline__ void produce(const FlashFwdParams& p, const Smem& sm,
         for (int c = 0; c < kDChunks; ++c)
             tma_load_4d(sm.q + wg * kQWGBytes + c * (kRowsPerWG * kChunkRowBytes), tm_q, c * kSwizzleCols,
                         m0 + wg * kRowsPerWG, head, batch, sm.q_full());
+}
 
+// The K/V ring's position (slot and mbarrier parity); persistent CTAs carry it from one tile to the next.
+struct Ring {
     int stage = 0;
     uint32_t phase = 0;
+    __device__ void advance() {
+        if (++stage == kStages) {
+            stage = 0;
+            phase ^= 1;
+        }
+    }
+};
+
+// One tile's loads (q_parity: the parity of this tile's Q-empty wait, persistent only). Persistent: K/V(0) go first,
+// into slots the previous tile's last P·V frees, then Q waits for the consumers to release the Q slot (after the
+// previous tile's epilogue, which may stage O in it).
+__device__ __forceinline__ void produce(const FlashFwdParams& p, const Smem& sm, const CUtensorMap* tm_q,
+                                        const CUtensorMap* tm_k, const CUtensorMap* tm_v, int m0, int head,
+                                        int kv_head, int batch, int n_tiles, Ring& ring, int q_parity) {
+    if constexpr (!kPersistent) load_q(sm, tm_q, m0, head, batch);
+
+    int& stage = ring.stage;
+    uint32_t& phase = ring.phase;
     for (int n = 0; n < n_tiles; ++n) {
         mbar_wait(sm.empty(stage), phase ^ 1);
         mbar_arrive_expect_tx(sm.k_full(stage), kKVTileBytes);
@@ -93,10 +226,13 @@ __device__ __forceinline__ void produce(const FlashFwdParams& p, const Smem& sm,
         for (int c = 0; c < kDChunks; ++c)
             tma_load_4d(sm.v_tile(stage) + c * kKVChunkBytes, tm_v, c * kSwizzleCols, n * kBc, kv_head, batch,
                         sm.v_full(stage));
-        if (++stage == kStages) {
-            stage = 0;
-            phase ^= 1;
+        if constexpr (kPersistent) {
+            if (n == 0) {
+                mbar_wait(sm.q_empty(), static_cast<uint32_t>(q_parity) ^ 1);
+                load_q(sm, tm_q, m0, head, batch);
+            }
         }
+        ring.advance();
     }
 }
 
@@ -218,8 +354,14 @@ __device__ __forceinline__ void release(const Smem& sm, int stage) {
     if (threadIdx.x % 32 == 0) mbar_arrive(sm.empty(stage));
 }
 
+// Persistent: lane 0 of every consumer warp, once all its lanes are done with the Q slot of this tile.
+__device__ __forceinline__ void release_q(const Smem& sm) {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) mbar_arrive(sm.q_empty());
+}
+
 __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm, int wg, int m0, int head,
-                                        int batch, int n_tiles) {
+                                        int batch, int n_tiles, Ring& ring, uint32_t q_parity) {
     const int tid = threadIdx.x % 128;
     const int warp = tid / 32, lane = tid % 32;
     const int wg_row0 = m0 + wg * kRowsPerWG;          // first query row of this warpgroup
@@ -242,10 +384,10 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     if constexpr (kPingPong) {
         if (wg == 1) named_bar_arrive(kPingPongBarrier0, kPingPongThreads);  // warpgroup 0 takes the first turn
     }
-    mbar_wait(sm.q_full(), 0);
+    mbar_wait(sm.q_full(), q_parity);
 
-    int stage = 0;
-    uint32_t phase = 0;
+    int& stage = ring.stage;
+    uint32_t& phase = ring.phase;
     if constexpr (!kOverlap) {
         for (int n = 0; n < n_tiles; ++n) {
             mbar_wait(sm.k_full(stage), phase);
@@ -268,18 +410,15 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             wgmma_wait<0>();
             fence_regs(o);
             release(sm, stage);
-            if (++stage == kStages) {
-                stage = 0;
-                phase ^= 1;
-            }
+            ring.advance();
         }
     } else {
         // Prologue: S(0) and its softmax; O is still zero, so its correction factor is irrelevant.
-        mbar_wait(sm.k_full(0), 0);
+        mbar_wait(sm.k_full(stage), phase);
         turns.begin();
         fence_regs(s);
         wgmma_fence();
-        issue_qk(s, q_addr, sm.k_tile(0));
+        issue_qk(s, q_addr, sm.k_tile(stage));
         wgmma_commit();
         turns.end(false);
         wgmma_wait<0>();
@@ -287,12 +426,9 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         softmax_any(tile_needs_mask(0, wg_row0, p.seqlen_k), s, m, l, corr, scale_log2, row0, 0, p.seqlen_k);
         convert_p(s, pf);
 
-        int prev_stage = 0;
-        uint32_t prev_phase = 0;
-        if (++stage == kStages) {
-            stage = 0;
-            phase ^= 1;
-        }
+        int prev_stage = stage;
+        uint32_t prev_phase = phase;
+        ring.advance();
         for (int n = 1; n < n_tiles; ++n) {
             mbar_wait(sm.k_full(stage), phase);
             mbar_wait(sm.v_full(prev_stage), prev_phase);
@@ -318,10 +454,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             convert_p(s, pf);
             prev_stage = stage;
             prev_phase = phase;
-            if (++stage == kStages) {
-                stage = 0;
-                phase ^= 1;
-            }
+            ring.advance();
         }
         // Epilogue: the last P·V.
         mbar_wait(sm.v_full(prev_stage), prev_phase);
@@ -336,6 +469,10 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         fence_regs(o);
         release(sm, prev_stage);
     }
+
+    // Persistent, O written from registers: every wgmma that read this tile's Q has completed, so the producer may
+    // load the next tile's Q while this one normalises and stores.
+    if constexpr (kPersistent && !kOStoreSmem) release_q(sm);
 
     // Normalise: the row sum is spread over the 4 threads of a quad.
     float inv[2];
@@ -374,6 +511,12 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
                 const uint4 v = ld_shared_v4(q_addr + r * kORowBytes + ((c ^ (r % 8)) * 16));
                 st_global_v4(o_base + static_cast<long long>(row) * p.o_row_stride + c * 8, v);
             }
+        }
+        // Persistent: the staged O has been read back; the next tile's Q (a TMA write) may land in the slot. The
+        // proxy fence orders this thread's generic shared-memory accesses before that asynchronous write.
+        if constexpr (kPersistent) {
+            fence_proxy_async_shared();
+            release_q(sm);
         }
     } else {
 #pragma unroll
@@ -416,12 +559,20 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     sm.v = sm.k + kStages * kKVTileBytes;
     sm.bars = sm.v + kStages * kKVTileBytes;
 
-    // Under causal masking the last query blocks have the most key tiles: launch them first so the long CTAs
-    // do not end up as the tail of the grid.
-    const int m_block = kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
-    const int m0 = m_block * kBr;
-    const int head = blockIdx.y, batch = blockIdx.z;
-    const int kv_head = head / (p.heads / p.kv_heads);
+    // One tile per CTA (grid, lpt): which one, worked out before the barrier set-up as it always was (unused, and
+    // compiled away, when persistent: each role walks its own sequence below).
+    Tile tile;
+    if constexpr (kSchedLpt) {
+        tile = tile_at(p, tile_order(p), static_cast<int>(blockIdx.x));
+    } else {
+        // Under causal masking the last query blocks have the most key tiles: launch them first so the long CTAs
+        // do not end up as the tail of the grid.
+        tile.m_block = kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+        tile.head = blockIdx.y;
+        tile.batch = blockIdx.z;
+    }
+    const int m0 = tile.m_block * kBr;
+    const int kv_head = tile.head / (p.heads / p.kv_heads);
     const int n_tiles = num_kv_tiles(p, m0);
     // Warp-uniform by construction, so the role branch below does not diverge inside a warp.
     const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x) / 128, 0);
@@ -436,15 +587,36 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
             mbar_init(sm.v_full(s), 1);
             mbar_init(sm.empty(s), 4 * kConsumerWGs);  // lane 0 of every consumer warp releases a slot
         }
+        if constexpr (kPersistent) mbar_init(sm.q_empty(), 4 * kConsumerWGs);
         fence_barrier_init();
     }
     __syncthreads();
 
-    if (warpgroup == 0) {
-        if constexpr (kSetMaxNReg) setmaxnreg_dec<kProducerRegs>();
-        if (threadIdx.x == 0) produce(p, sm, &tm_q, &tm_k, &tm_v, m0, head, kv_head, batch, n_tiles);
+    Ring ring;
+    if constexpr (!kPersistent) {
+        if (warpgroup == 0) {
+            if constexpr (kSetMaxNReg) setmaxnreg_dec<kProducerRegs>();
+            if (threadIdx.x == 0)
+                produce(p, sm, &tm_q, &tm_k, &tm_v, m0, tile.head, kv_head, tile.batch, n_tiles, ring, 0);
+        } else {
+            if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
+            consume(p, sm, warpgroup - 1, m0, tile.head, tile.batch, n_tiles, ring, 0);
+        }
     } else {
-        if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
-        consume(p, sm, warpgroup - 1, m0, head, batch, n_tiles);
+        // Every role walks the same tile sequence; the mbarrier parities (ring, Q full/empty) carry across tiles.
+        if (warpgroup == 0) {
+            if constexpr (kSetMaxNReg) setmaxnreg_dec<kProducerRegs>();
+            if (threadIdx.x == 0)
+                for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_parity) {
+                    produce(p, sm, &tm_q, &tm_k, &tm_v, work_m0, work.head, work.head / (p.heads / p.kv_heads),
+                            work.batch, num_kv_tiles(p, work_m0), ring, static_cast<int>(q_parity));
+                });
+        } else {
+            if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
+            for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_parity) {
+                consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, num_kv_tiles(p, work_m0), ring,
+                        q_parity);
+            });
+        }
     }
 }

@@ -4,8 +4,8 @@
 
 #if !defined(AT_HEAD_DIM) || !defined(AT_DTYPE_BF16) || !defined(AT_CAUSAL) || !defined(AT_CONSUMER_WGS) ||     \
     !defined(AT_BC) || !defined(AT_STAGES) || !defined(AT_SETMAXNREG) || !defined(AT_OVERLAP) ||                 \
-    !defined(AT_PINGPONG) || !defined(AT_O_STORE_SMEM) || !defined(AT_MIN_BLOCKS) || !defined(AT_EXPECT_THREADS) ||                           \
-    !defined(AT_EXPECT_SMEM_STATIC) || !defined(AT_EXPECT_SMEM_DYNAMIC)
+    !defined(AT_PINGPONG) || !defined(AT_O_STORE_SMEM) || !defined(AT_MIN_BLOCKS) || !defined(AT_SCHEDULER) ||  \
+    !defined(AT_EXPECT_THREADS) || !defined(AT_EXPECT_SMEM_STATIC) || !defined(AT_EXPECT_SMEM_DYNAMIC)
 #error "wgmma family: build through space.defines(config, problem); a macro is missing"
 #endif
 
@@ -25,6 +25,13 @@ constexpr bool kOverlap = AT_OVERLAP != 0;     // issue S(n) together with P(n-1
 constexpr bool kPingPong = AT_PINGPONG != 0;   // two consumer warpgroups take turns on the tensor cores
 constexpr bool kOStoreSmem = AT_O_STORE_SMEM != 0;  // stage O in shared memory for 16-byte row stores
 constexpr int kMinBlocks = AT_MIN_BLOCKS;
+// Which tile (query block, head, batch) a CTA works on: 0 grid (one CTA per tile, blockIdx = (query block, head,
+// batch), causal query blocks reversed), 1 lpt (one CTA per tile on a 1-D grid, in L2-sized head sections, longest
+// first when causal), 2 persistent (each CTA strides through the lpt order; the producer prefetches the next tile's
+// K/V and Q under the current tile's epilogue).
+constexpr int kScheduler = AT_SCHEDULER;
+constexpr bool kSchedLpt = kScheduler == 1;
+constexpr bool kPersistent = kScheduler == 2;
 
 // ---- derived ----------------------------------------------------------------------------------------------------
 constexpr int kRowsPerWG = 64;                 // the M of wgmma
@@ -36,15 +43,18 @@ constexpr int kDChunks = kHeadDim / kSwizzleCols;
 constexpr int kChunkRowBytes = kSwizzleCols * kElemBytes;  // 128
 
 // Shared memory, all dynamic: [alignment slack][Q: wg × chunk × 64 rows][K: stage × chunk × Bc rows][V: same]
-// [mbarriers: Q full, then K full, V full and slot empty per stage]. Swizzled TMA boxes and wgmma descriptors
-// assume 1024-byte-aligned atoms, and the dynamic base is only promised 16-byte alignment, hence the slack.
-// Nothing is static (ptxas rounds static sizes, which would blur the contract with space/).
+// [mbarriers: Q full, then K full, V full and slot empty per stage, then Q empty if persistent]. Swizzled TMA boxes
+// and wgmma descriptors assume 1024-byte-aligned atoms, and the dynamic base is only promised 16-byte alignment,
+// hence the slack. Nothing is static (ptxas rounds static sizes, which would blur the contract with space/).
 constexpr int kSmemAlign = 1024;
 constexpr int kQWGBytes = kRowsPerWG * kHeadDim * kElemBytes;
 constexpr int kQBytes = kBr * kHeadDim * kElemBytes;
 constexpr int kKVChunkBytes = kBc * kChunkRowBytes;
 constexpr int kKVTileBytes = kBc * kHeadDim * kElemBytes;
-constexpr int kNumBarriers = 1 + 3 * kStages;
+// L2 bytes one section of heads may fill with its K and V (the H200 has 60 MB in two halves; FA3/FA4 budget 32-50 MB).
+constexpr long long kL2SectionBytes = 32ll << 20;
+// Q full; K full, V full, slot empty per stage; persistent: Q empty (the Q slot, and the O staged in it, is free).
+constexpr int kNumBarriers = 1 + 3 * kStages + (kPersistent ? 1 : 0);
 constexpr int kSmemDynamic = kSmemAlign + kQBytes + 2 * kStages * kKVTileBytes + 8 * kNumBarriers;
 constexpr int kSmemStatic = 0;
 
@@ -74,6 +84,7 @@ static_assert(!kSetMaxNReg || kConsumerWGs >= 2,
               "setmaxnreg_needs_two_consumers: with one consumer warpgroup every thread already gets 255 registers");
 static_assert(!kSetMaxNReg || kMinBlocks == 1,
               "setmaxnreg_one_block: register reallocation needs __launch_bounds__(threads, 1)");
+static_assert(kScheduler >= 0 && kScheduler <= 2, "scheduler_known: AT_SCHEDULER is 0 grid, 1 lpt or 2 persistent");
 static_assert(kThreads <= 1024, "threads_per_block: at most 1024 threads per block");
 static_assert(kThreads * kMinBlocks <= 2048, "threads_per_sm: THREADS × MIN_BLOCKS must fit the SM's thread slots");
 static_assert(kSmemStatic <= 48 * 1024, "static_smem_limit: static shared memory is limited to 48 KB");

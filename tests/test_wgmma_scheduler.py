@@ -1,0 +1,158 @@
+"""The wgmma family's `scheduler` axis on CPU: the tile order's arithmetic (space/wgmma.py's twin of flash_fwd.cu's
+tile_order / tile_at / persistent_tile), the launch grid (space.Layout.grid, the one formula every launch uses),
+and that configs, tables and landscapes stored before the axis existed still mean `grid`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import space
+import space.wgmma as wg
+from space import Config, Problem
+
+ARCH = space.get_arch("sm_90")
+ROOT = Path(__file__).resolve().parent.parent
+OLD_KEY = "wgmma:consumer_wgs=2,bc=128,stages=3,setmaxnreg=1,overlap=1,pingpong=0,o_store=smem,min_blocks=1"
+
+
+def work(tile, seqlen_q, seqlen_k, rows, causal):
+    """Key tiles a query tile walks (flash_fwd.cu: num_kv_tiles), with Bc = 128."""
+    m_block = tile[0]
+    end = min(seqlen_k, min((m_block + 1) * rows, seqlen_q)) if causal else seqlen_k
+    return -(-end // 128)
+
+
+@pytest.mark.parametrize("batch,heads,kv_heads,seqlen,head_dim,rows", [
+    (4, 16, 16, 4096, 128, 128),   # group 16: one section per batch
+    (1, 64, 64, 1024, 128, 128),
+    (16, 16, 16, 512, 64, 192),
+    (2, 8, 8, 4096, 256, 128),
+    (3, 12, 4, 777, 64, 64),       # GQA 3:1
+    (1, 6, 2, 300_000, 128, 128),  # one K/V head fills the L2 share: sections of one GQA group
+    (5, 3, 1, 1, 128, 192),
+])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tile_order_is_a_permutation_in_l2_sections(batch, heads, kv_heads, seqlen, head_dim, rows, causal):
+    order = wg.tile_order(batch, heads, kv_heads, seqlen, seqlen, head_dim, rows, causal)
+    num_m = -(-seqlen // rows)
+    assert sorted(order) == sorted((m, h, b) for m in range(num_m) for h in range(heads) for b in range(batch))
+    ratio = heads // kv_heads
+    kv_fit = wg.L2_SECTION_BYTES // (2 * seqlen * head_dim * wg.ELEM_BYTES)
+    group = min(max(1, kv_fit) * ratio, batch * heads)
+    for start in range(0, len(order), group * num_m):
+        section = order[start:start + group * num_m]
+        pairs = {(b, h) for _, h, b in section}
+        assert len(pairs) <= group
+        # whole GQA groups: a K/V head's query heads are all in one section
+        assert all(all((b, (h // ratio) * ratio + j) in pairs for j in range(ratio)) for b, h in pairs)
+        if causal:  # longest first inside a section
+            lengths = [work(t, seqlen, seqlen, rows, causal) for t in section]
+            assert lengths == sorted(lengths, reverse=True)
+
+
+def test_the_l2_section_follows_kv_bytes():
+    # d128 fp16 N4096: a K/V head is 2 MB, 16 of them in the 32 MB share
+    order = wg.tile_order(2, 32, 32, 4096, 4096, 128, 128, False)
+    assert {h for _, h, b in order[:16 * 32]} == set(range(16)) and {b for *_, b in order[:16 * 32]} == {0}
+    assert order[:3] == [(0, 0, 0), (0, 1, 0), (0, 2, 0)]  # the heads of a section side by side
+
+
+SHAPES = [(4, 16, 16, 4096, 128, 128), (4, 32, 32, 4096, 64, 192), (1, 64, 64, 1024, 128, 128),
+          (16, 16, 16, 512, 64, 128), (2, 8, 8, 4096, 256, 128), (3, 12, 4, 777, 64, 64), (1, 2, 1, 100, 128, 192)]
+
+
+@pytest.mark.parametrize("batch,heads,kv_heads,seqlen,head_dim,rows", SHAPES)
+@pytest.mark.parametrize("ctas", [132, 264, 7, 1])
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_ctas_share_out_every_tile_once(batch, heads, kv_heads, seqlen, head_dim, rows, ctas, causal):
+    order = wg.tile_order(batch, heads, kv_heads, seqlen, seqlen, head_dim, rows, causal)
+    ctas = min(ctas, len(order))
+    seen = [t for cta in range(ctas)
+            for t in wg.persistent_tiles(cta, ctas, batch, heads, kv_heads, seqlen, seqlen, head_dim, rows, causal)]
+    assert sorted(seen) == sorted(order)
+
+
+@pytest.mark.parametrize("batch,heads,kv_heads,seqlen,head_dim,rows", SHAPES[:5])
+def test_persistent_causal_pairs_balance_work(batch, heads, kv_heads, seqlen, head_dim, rows):
+    tiles = wg.tile_order(batch, heads, kv_heads, seqlen, seqlen, head_dim, rows, True)
+    ctas = min(132, len(tiles))
+    per_cta = [sum(work(t, seqlen, seqlen, rows, True) for t in
+                   wg.persistent_tiles(c, ctas, batch, heads, kv_heads, seqlen, seqlen, head_dim, rows, True))
+               for c in range(ctas)]
+    num_m = -(-seqlen // rows)
+    units = (num_m + 1) // 2 * batch * heads
+    pair = max(work((num_m - 1 - j,), seqlen, seqlen, rows, True) + work((j,), seqlen, seqlen, rows, True)
+               for j in range(num_m // 2))
+    # no CTA gets more than its share of units rounded up, each at most the heaviest pair
+    assert max(per_cta) <= -(-units // ctas) * pair, (max(per_cta), units, ctas)
+    assert max(per_cta) <= 1.15 * sum(per_cta) / ctas + pair
+
+
+def test_layout_grid_per_scheduler():
+    base = Config.from_key(OLD_KEY)
+    problem = Problem(128, "fp16", False)
+    assert space.layout(base, problem).grid(4, 16, 4096) == (32, 16, 4)
+    assert space.layout(base.replace(scheduler="lpt"), problem).grid(4, 16, 4097) == (33 * 64, 1, 1)
+    persistent = space.layout(base.replace(scheduler="persistent"), problem)
+    assert persistent.needs_residency and not space.layout(base, problem).needs_residency
+    assert persistent.grid(4, 16, 4096, resident_ctas=132) == (132, 1, 1)
+    assert persistent.grid(1, 1, 100, resident_ctas=132) == (1, 1, 1)
+    with pytest.raises(ValueError, match="resident_ctas"):
+        persistent.grid(4, 16, 4096)
+
+
+def test_persistent_has_one_more_barrier():
+    base = Config.from_key(OLD_KEY)
+    problem = Problem(128, "fp16", False)
+    grid, lpt, persistent = (space.layout(base.replace(scheduler=s), problem).smem_dynamic for s in wg.SCHEDULERS)
+    assert grid == lpt == persistent - 8
+    assert space.defines(base.replace(scheduler="persistent"), problem)["AT_SCHEDULER"] == 2
+    assert space.defines(base, problem)["AT_SCHEDULER"] == 0
+
+
+def test_keys_from_before_the_axis_mean_grid():
+    config = Config.from_key(OLD_KEY)
+    assert config.scheduler == "grid" and config.key == OLD_KEY + ",scheduler=grid"
+    assert Config.from_dict({"family": "wgmma", **dict(config.values)}) == config
+    d = config.as_dict()
+    del d["scheduler"]
+    assert Config.from_dict(d) == config
+
+
+def test_shipped_rows_without_the_axis_mean_grid():
+    table = json.loads((ROOT / "studies" / "tuned" / "h200.json").read_text())
+    old = [row for row in table["rows"] if row["family"] == "wgmma" and "scheduler" not in row["config"]]
+    assert old, "the shipped table no longer has rows from before the axis: test that case another way"
+    for row in old:
+        assert "scheduler=" not in row["config_key"]
+        assert Config.from_key(row["config_key"]).scheduler == "grid"
+        assert Config.from_dict(row["config"]).scheduler == "grid"
+
+
+def test_recorded_landscapes_load_with_keys_of_today():
+    from autotune.landscapes import landscape_file as landscape
+
+    paths = sorted((ROOT / "studies" / "landscapes").glob("*.json"))
+    assert paths
+    for path in paths:
+        loaded = landscape.load(path)
+        best = loaded.best
+        assert best.config.scheduler == "grid" and loaded.row(best.config) is best
+        assert all(key.endswith(",scheduler=grid") for key in loaded.rows)
+
+
+def test_a_landscape_key_out_of_order_is_still_refused():
+    from autotune.landscapes import landscape_file as landscape
+
+    assert landscape.upgrade_key(OLD_KEY) == OLD_KEY + ",scheduler=grid"
+    shuffled = "wgmma:bc=128,consumer_wgs=2,stages=3,setmaxnreg=1,overlap=1,pingpong=0,o_store=smem,min_blocks=1"
+    assert landscape.upgrade_key(shuffled) == shuffled  # left for validate() to reject
+
+
+def test_persistent_pairs_only_when_tiles_outnumber_ctas():
+    # B1 H4 N1000 causal, Br 128: 32 tiles on 132 CTAs, one each (pairing would serialise two on one CTA)
+    per_cta = [wg.persistent_tiles(c, 32, 1, 4, 4, 1000, 1000, 128, 128, True) for c in range(32)]
+    assert all(len(tiles) == 1 for tiles in per_cta)
+    assert len(wg.persistent_tiles(0, 16, 1, 4, 4, 1000, 1000, 128, 128, True)) == 2  # 32 tiles on 16: pairs
