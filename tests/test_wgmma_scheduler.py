@@ -114,7 +114,7 @@ def test_persistent_has_one_more_barrier():
 
 def test_keys_from_before_the_axis_mean_grid():
     config = Config.from_key(OLD_KEY)
-    assert config.scheduler == "grid" and config.key == OLD_KEY + ",scheduler=grid"
+    assert config.scheduler == "grid" and config.key == OLD_KEY + ",scheduler=grid,o_rescale=after"
     assert Config.from_dict({"family": "wgmma", **dict(config.values)}) == config
     d = config.as_dict()
     del d["scheduler"]
@@ -138,13 +138,13 @@ def test_recorded_landscapes_load_with_keys_of_today():
         loaded = landscape.load(path)
         best = loaded.best
         assert best.config.scheduler == "grid" and loaded.row(best.config) is best
-        assert all(key.endswith(",scheduler=grid") for key in loaded.rows)
+        assert all(key.endswith(",scheduler=grid,o_rescale=after") for key in loaded.rows)
 
 
 def test_a_landscape_key_out_of_order_is_still_refused():
     from autotune.landscapes import landscape_file as landscape
 
-    assert landscape.upgrade_key(OLD_KEY) == OLD_KEY + ",scheduler=grid"
+    assert landscape.upgrade_key(OLD_KEY) == OLD_KEY + ",scheduler=grid,o_rescale=after"
     shuffled = "wgmma:bc=128,consumer_wgs=2,stages=3,setmaxnreg=1,overlap=1,pingpong=0,o_store=smem,min_blocks=1"
     assert landscape.upgrade_key(shuffled) == shuffled  # left for validate() to reject
 
