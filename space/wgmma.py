@@ -85,8 +85,8 @@ def tile_order(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: i
                causal: bool) -> list[tuple[int, int, int]]:
     """(query block, head, batch) of every tile in the lpt/persistent order: the CPU twin of flash_fwd.cu's
     tile_order/tile_at. Sections of `group` (batch, head) pairs whose K and V fit in L2_SECTION_BYTES (a whole
-    number of GQA groups), each run query block by query block with its heads side by side, last block first
-    when causal."""
+    number of GQA groups); causal: each run query block by query block with its heads side by side, last block
+    first; non-causal: head by head, the query blocks of one head consecutive (the grid order)."""
     num_m = -(-seqlen_q // rows)
     pairs = batch * heads
     group = _sections(batch, heads, kv_heads, seqlen_k, head_dim)
@@ -94,7 +94,10 @@ def tile_order(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: i
     for t in range(num_m * pairs):
         section, r = divmod(t, group * num_m)
         first = section * group
-        mb, k = divmod(r, min(group, pairs - first))
+        if causal:
+            mb, k = divmod(r, min(group, pairs - first))
+        else:
+            k, mb = divmod(r, num_m)
         b, h = divmod(first + k, heads)
         out.append((num_m - 1 - mb if causal else mb, h, b))
     return out

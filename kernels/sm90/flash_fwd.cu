@@ -72,8 +72,11 @@ __device__ __forceinline__ int num_kv_tiles(const FlashFwdParams& p, int m0) {
 // ---- tile order ----------------------------------------------------------------------------------------------------
 // lpt and persistent number the tiles t = 0 .. tiles-1 in sections of `group` consecutive (batch, head) pairs whose
 // K and V fit together in kL2SectionBytes of L2 (a whole number of GQA groups, so a K/V head is never split between
-// sections). A section runs query block by query block, all its heads side by side, the last query block (the one
-// with the most key tiles under causal masking) first. space/wgmma.py: tile_order mirrors this arithmetic.
+// sections). Causal: a section runs query block by query block, all its heads side by side, the last query block
+// (the one with the most key tiles) first. Non-causal: head by head, all query blocks of one head consecutive, as
+// the grid order runs them: the ~132 tiles in flight then share the K/V of ~132 / num_m heads (d128 N4096: 4 heads,
+// 8 MB) instead of one query block of every head of the section (16 heads, 32 MB, each K/V line read by a quarter as
+// many CTAs at a time), which cost lpt and persistent 4-10 % against grid. space/wgmma.py: tile_order mirrors this.
 
 struct Tile {
     int m_block, head, batch;
@@ -100,9 +103,16 @@ __device__ __forceinline__ Tile tile_at(const FlashFwdParams& p, const TileOrder
     const int section = t / per_section;
     const int r = t - section * per_section;
     const int first = section * o.group;
-    const int heads_here = min(o.group, p.batch * p.heads - first);  // the last section may be short
-    const int mb = r / heads_here;
-    const int pair = first + (r - mb * heads_here);
+    int mb, pair;
+    if constexpr (kCausal) {
+        const int heads_here = min(o.group, p.batch * p.heads - first);  // the last section may be short
+        mb = r / heads_here;
+        pair = first + (r - mb * heads_here);
+    } else {
+        const int k = r / o.num_m;
+        mb = r - k * o.num_m;
+        pair = first + k;
+    }
     Tile tile;
     tile.batch = pair / p.heads;
     tile.head = pair - tile.batch * p.heads;
