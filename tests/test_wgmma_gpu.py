@@ -127,11 +127,16 @@ def test_tensor_maps_follow_the_config():
 # ---- GPU ------------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory):
+def builds(request, tmp_path_factory):
     from autotune.build.builder import Builder
 
+    # only the configs of the tests selected (-k), so a narrow run does not wait for the whole plan's builds
+    selected = {(item.callspec.params["problem"], item.callspec.params["config"]) for item in request.session.items
+                if getattr(item, "callspec", None) is not None and "config" in item.callspec.params
+                and "problem" in item.callspec.params}
+    items = [(c, p) for p, c in PLAN if (p, c) in selected] or [(c, p) for p, c in PLAN]
     cache = os.environ.get("AUTOTUNE_TEST_CACHE_DIR") or tmp_path_factory.mktemp("kernel-cache")
-    results = Builder(ARCH, cache_dir=cache, jobs=os.cpu_count()).build([(c, p) for p, c in PLAN])
+    results = Builder(ARCH, cache_dir=cache, jobs=os.cpu_count()).build(items)
     return {(r.problem, r.config): r for r in results}
 
 
