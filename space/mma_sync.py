@@ -36,6 +36,10 @@ AXES = (
     Axis("softmax_reduce", ("chain", "tree"), "AT_SOFTMAX_TREE",
          "a tile's row max and row sum as one dependent chain (fewer live registers) or a pairwise tree (more ILP)",
          lambda v: v == "tree", default="chain"),
+    Axis("o_rescale", ("every_tile", "on_growth"), "AT_RESCALE_ON_GROWTH",
+         "O and the row sums rescaled at every K/V tile, or only when a row max of the warp outgrows the kept one by "
+         "more than 2^8 (FlashAttention-4's conditional rescaling; exact)", lambda v: v == "on_growth",
+         default="every_tile"),
 )
 
 
@@ -149,6 +153,7 @@ def default(p: Problem, a: Arch) -> Config:
     return Config.make(
         "mma_sync", br=br, bc=bc, warps_m=warps_m, warps_n=1, p_path="regs", smem_mode="dynamic",
         kv_buffering="separate", loader_warps=0, min_blocks=1, q_in_regs=False, softmax_reduce="chain",
+        o_rescale="every_tile",
     )
 
 
