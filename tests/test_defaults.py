@@ -13,7 +13,7 @@ import itertools
 import pytest
 
 import space
-from autotune.build import Builder
+from autotune.build.builder import Builder
 
 PROBLEMS = tuple(space.Problem(d, t, c) for d, t, c in itertools.product(space.HEAD_DIMS, space.DTYPES, (False, True)))
 
@@ -45,7 +45,7 @@ def test_the_cases_cover_every_arch_family_and_problem():
 
 def test_spill_failures_names_a_spilled_build():
     # the check below is only as good as this reading of a BuildResult: a spilled report must be reported
-    from autotune.build import BuildResult
+    from autotune.build.builder import BuildResult
     from autotune.ptxas import BuildReport
 
     arch, problem = space.get_arch("sm_80"), PROBLEMS[0]
