@@ -36,6 +36,10 @@ AXES = (
     Axis("softmax_reduce", ("chain", "tree"), "AT_SOFTMAX_TREE",
          "a tile's row max and row sum as one dependent chain (fewer live registers) or a pairwise tree (more ILP)",
          lambda v: v == "tree", default="chain"),
+    Axis("o_rescale", ("every_tile", "on_growth"), "AT_RESCALE_ON_GROWTH",
+         "O and the row sums rescaled at every K/V tile, or only when a row max of the warp outgrows the kept one by "
+         "more than 2^8 (FlashAttention-4's conditional rescaling; exact)", lambda v: v == "on_growth",
+         default="every_tile"),
 )
 
 
@@ -115,12 +119,41 @@ RULES = (rows_per_warp, cols_per_warp, p_regs_one_warp_per_row, out_cols_per_war
          threads_per_sm, static_smem_limit, smem_optin_limit, min_blocks_smem, accumulators_fit_registers)
 
 
+# An SM with about 100 KB of shared memory (sm_86, sm_89, sm_120) rather than 164-228 KB. FlashAttention-2 keys its
+# d128 tiles on sm8x (cc 8.6/8.9) for exactly this reason (two 48 KB CTAs per SM); sm_120 has the same 100 KB.
+SMALL_SMEM_PER_SM = 128 * 1024
+
+
 def default(p: Problem, a: Arch) -> Config:
-    """FlashAttention-2's sm80/sm90 picks (flash_fwd_launch_template.h), expressed in our axes."""
-    br, bc = {64: (128, 128), 128: (128, 64), 256: (64, 64)}[p.head_dim]
+    """The heuristic default: FlashAttention-2's tile for the arch, with Bc halved where its tile spills here.
+
+    FlashAttention-2's picks (csrc/flash_attn/src/flash_fwd_launch_template.h, run_mha_fwd_hdim{64,128,256};
+    4 warps that own whole rows, Q in shared memory, separate K and V tiles, no __launch_bounds__ minimum):
+      d64   128×128 (its dropout path: 128×64);
+      d128  128×64, or on ~100 KB-smem SMs 128×32 (non-causal: "2 CTAs per SM") and 64×64 (causal: "square");
+      d256  128×64 with 8 warps where a block may have ≥ 128 KB and an SM has < 192 KB (the A100), else 64×64.
+    In this kernel (ptxas 13.0, `autotune space --compile`, 2026-12-01) FlashAttention-2's d64 128×128 and d128
+    128×64 tiles spill 12-76 B (stores) on most arch × problem pairs and sit at 255 registers on the rest, so they
+    take Bc/2: d64 128×64 (216-252 registers) and d128 128×32 (242-255). 128×32 is also the tile the H200 measured
+    fastest among the mma_sync configs that do not spill (323 TFLOPS against 334 for the spilling 128×64 tile in
+    the same search, docs/search.md; that key said min_blocks=2, which for 128 threads builds the identical cubin).
+    Q stays in shared memory as in FlashAttention-2 (Q in registers makes d64 128×64 spill on sm_90). Every other
+    pick is FlashAttention-2's as it is. tests/test_defaults.py builds every arch × problem and fails on a spill.
+    """
+    small_smem = a.smem_per_sm < SMALL_SMEM_PER_SM
+    warps_m = 4
+    if p.head_dim == 64:
+        br, bc = 128, 64
+    elif p.head_dim == 128:
+        br, bc = (64, 64) if small_smem and p.causal else (128, 32)
+    elif a.smem_optin_per_block >= 128 * 1024 and a.smem_per_sm < 192 * 1024:
+        br, bc, warps_m = 128, 64, 8
+    else:
+        br, bc = 64, 64
     return Config.make(
-        "mma_sync", br=br, bc=bc, warps_m=4, warps_n=1, p_path="regs", smem_mode="dynamic",
-        kv_buffering="separate", loader_warps=0, min_blocks=1, q_in_regs=p.head_dim <= 64, softmax_reduce="chain",
+        "mma_sync", br=br, bc=bc, warps_m=warps_m, warps_n=1, p_path="regs", smem_mode="dynamic",
+        kv_buffering="separate", loader_warps=0, min_blocks=1, q_in_regs=False, softmax_reduce="chain",
+        o_rescale="every_tile",
     )
 
 

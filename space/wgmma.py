@@ -20,6 +20,9 @@ MAX_CONSUMER_REGS = 240
 # Registers beyond S + O + P: row statistics, indices, addresses; the overlapped loop keeps more alive across the
 # asynchronous P·V. Calibrated on ptxas 13.0 (smallest margins with no spill in the sampled space).
 REG_OVERHEAD = {False: 8, True: 32}
+# o_rescale=before keeps the correction factors alive across the loop's back edge; with the persistent loop's state
+# too, d256 causal spilled 64 B at 32: 72 prunes d256 (every Bc) and d128 with Bc >= 176 (traits.cuh kRegOverhead).
+REG_OVERHEAD_RESCALE_BEFORE_PERSISTENT = 72
 SCHEDULERS = ("grid", "lpt", "persistent")  # AT_SCHEDULER = index; "grid" is the kernel as it was before the axis
 L2_SECTION_BYTES = 32 << 20  # K/V bytes of one section of heads in the lpt order (traits.cuh: kL2SectionBytes)
 
@@ -44,6 +47,9 @@ AXES = (
          "CTA per tile, tiles in L2-sized head sections, longest first when causal) or persistent (SMs × resident "
          "CTAs, each striding through the lpt order; the next tile's loads overlap the current tile's epilogue)",
          SCHEDULERS.index, default="grid"),
+    Axis("o_rescale", ("after", "before"), "AT_O_RESCALE_BEFORE",
+         "overlapped loop: O shrinks by the max correction after P(n-1)·V(n-1) completes, or before it is issued, "
+         "under the S(n) GEMM (FA3's order for head_dim > 128)", lambda v: v == "before", default="after"),
 )
 
 
@@ -79,8 +85,8 @@ def tile_order(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: i
                causal: bool) -> list[tuple[int, int, int]]:
     """(query block, head, batch) of every tile in the lpt/persistent order: the CPU twin of flash_fwd.cu's
     tile_order/tile_at. Sections of `group` (batch, head) pairs whose K and V fit in L2_SECTION_BYTES (a whole
-    number of GQA groups), each run query block by query block with its heads side by side, last block first
-    when causal."""
+    number of GQA groups); causal: each run query block by query block with its heads side by side, last block
+    first; non-causal: head by head, the query blocks of one head consecutive (the grid order)."""
     num_m = -(-seqlen_q // rows)
     pairs = batch * heads
     group = _sections(batch, heads, kv_heads, seqlen_k, head_dim)
@@ -88,7 +94,10 @@ def tile_order(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: i
     for t in range(num_m * pairs):
         section, r = divmod(t, group * num_m)
         first = section * group
-        mb, k = divmod(r, min(group, pairs - first))
+        if causal:
+            mb, k = divmod(r, min(group, pairs - first))
+        else:
+            k, mb = divmod(r, num_m)
         b, h = divmod(first + k, heads)
         out.append((num_m - 1 - mb if causal else mb, h, b))
     return out
@@ -137,7 +146,10 @@ def consumer_registers(consumer_wgs: int) -> int:
 
 def accumulator_registers(c: Config, p: Problem) -> int:
     """Registers per consumer thread live across a tile: S and O in f32, P as packed 16-bit pairs, + overhead."""
-    return c.bc // 2 + p.head_dim // 2 + c.bc // 4 + REG_OVERHEAD[c.overlap]
+    overhead = REG_OVERHEAD[c.overlap]
+    if c.o_rescale == "before" and c.scheduler == "persistent":
+        overhead = REG_OVERHEAD_RESCALE_BEFORE_PERSISTENT
+    return c.bc // 2 + p.head_dim // 2 + c.bc // 4 + overhead
 
 
 @rule("head_dim_chunks", "head_dim must be a multiple of 64 (TMA boxes one 128-byte swizzle span wide)")
@@ -164,6 +176,12 @@ def pingpong_needs_overlap(c, p, a, lay):
         return "pingpong needs overlap=True"
 
 
+@rule("rescale_before_needs_overlap", "o_rescale=before reorders the overlapped loop's S(n) + P(n-1)·V(n-1) issue")
+def rescale_before_needs_overlap(c, p, a, lay):
+    if c.o_rescale == "before" and not c.overlap:
+        return "o_rescale=before needs overlap=True"
+
+
 @rule("setmaxnreg_needs_two_consumers", "with one consumer warpgroup every thread already gets 255 registers")
 def setmaxnreg_needs_two_consumers(c, p, a, lay):
     if c.setmaxnreg and c.consumer_wgs < 2:
@@ -185,7 +203,7 @@ def accumulators_fit_registers(c, p, a, lay):
 
 
 RULES = (head_dim_chunks, bc_multiple_of_16, pingpong_needs_two_consumers, pingpong_needs_overlap,
-         setmaxnreg_needs_two_consumers, setmaxnreg_one_block, threads_per_block, threads_per_sm,
+         rescale_before_needs_overlap, setmaxnreg_needs_two_consumers, setmaxnreg_one_block, threads_per_block, threads_per_sm,
          static_smem_limit, smem_optin_limit, min_blocks_smem, accumulators_fit_registers)
 
 

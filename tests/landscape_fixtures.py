@@ -32,11 +32,12 @@ def fake_tflops(config: space.Config) -> float:
     score = 200.0 + 40 * (d["consumer_wgs"] == 2) + 25 * (d["bc"] == 112) + 10 * (d["bc"] in (96, 128))
     score += 15 * d["overlap"] + 12 * (d["pingpong"] and d["overlap"]) + 6 * (d["stages"] == 4)
     score += 4 * (d["o_store"] == "direct") + 3 * d["setmaxnreg"] - 5 * (d["min_blocks"] - 1)
-    # Axes added later (the scheduler) keep the landscape as it was: grid configs jitter by their key from before
+    # Axes added later (the scheduler, o_rescale) keep the landscape as it was: grid configs jitter by their key from before
     # the axis, the other schedulers sit more than the jitter's range below them.
     scheduler = d.get("scheduler", "grid")
     score -= {"grid": 0, "lpt": 25, "persistent": 50}[scheduler]
-    key = config.key.removesuffix(",scheduler=grid")
+    score -= {"after": 0, "before": 50}[d.get("o_rescale", "after")]
+    key = config.key.removesuffix(",o_rescale=after").removesuffix(",scheduler=grid")
     return round(score + 20 * _jitter(key), 3)
 
 

@@ -131,7 +131,9 @@ def test_a_config_the_space_rejects_never_reaches_nvcc(tmp_path):
 
 
 def test_parallel_build_keeps_input_order_and_compiles_duplicates_once(tmp_path, build_cache_dir):
-    valid = [DEFAULT, DEFAULT.replace(bc=64), DEFAULT.replace(q_in_regs=False), DEFAULT.replace(kv_buffering="shared")]
+    valid = [DEFAULT, DEFAULT.replace(kv_buffering="double"), DEFAULT.replace(q_in_regs=not DEFAULT.q_in_regs),
+             DEFAULT.replace(kv_buffering="shared")]
+    assert len(set(valid)) == 4  # whatever the default is, four distinct configs
     items = [(c, PROBLEM) for c in valid] + [(BAD_ROWS, PROBLEM), (valid[0], PROBLEM)]
     nvcc, calls = wrapper_nvcc(tmp_path)
     seen = []

@@ -14,7 +14,12 @@ from autotune.search import study as studies
 from autotune.cli import main
 from autotune.search.loop import SearchOptions, run_search
 from space import Shape
-from test_search import A, B, DEFAULT, E, SHAPE
+from test_search import ARCH, B, DEFAULT, PROBLEM, SHAPE
+
+# A fresh study evaluates the heuristic default first, and it does not spill: the neighbours' winners must beat it
+# under the double's figures for the warm starts below to be told apart from it.
+WIN = DEFAULT.replace(warps_m=8)                    # the nearest neighbour's winner
+RUNNER_UP = DEFAULT.replace(kv_buffering="double")  # the farther neighbour's
 
 NEAR = dataclasses.replace(SHAPE, seqlen_q=512, seqlen_k=512)   # distance 1 from SHAPE
 FAR = dataclasses.replace(SHAPE, seqlen_q=8192, seqlen_k=8192)  # distance 5
@@ -44,16 +49,23 @@ def first_evaluated(url: str, name: str) -> str:
     return built[0].user_attrs["config_key"]
 
 
+def test_the_winners_beat_the_default():
+    import space
+
+    f = search_doubles.fake_tflops
+    assert f(WIN) > f(RUNNER_UP) > f(DEFAULT) > f(B)
+    assert all(space.is_valid(c, PROBLEM, ARCH) for c in (WIN, RUNNER_UP))
+
+
 def test_a_new_shape_starts_from_its_nearest_tuned_neighbours_best(env):
-    assert search_doubles.fake_tflops(E) > search_doubles.fake_tflops(A) > search_doubles.fake_tflops(B)
-    far = run_search(opts(env, FAR, enqueue=(A,)), log=lambda _: None)    # FAR's best: A (and DEFAULT)
-    near = run_search(opts(env, SHAPE, trials=3, enqueue=(B, E)), log=lambda _: None)  # SHAPE's best: E
-    assert near.best.config == E and far.best.config != E
+    far = run_search(opts(env, FAR, enqueue=(RUNNER_UP,)), log=lambda _: None)         # FAR's best: RUNNER_UP
+    near = run_search(opts(env, SHAPE, trials=3, enqueue=(B, WIN)), log=lambda _: None)  # SHAPE's best: WIN
+    assert near.best.config == WIN and far.best.config == RUNNER_UP
 
     lines: list[str] = []
     warm = run_search(opts(env, NEAR, warm_start=2), log=lines.append)
     # the nearest neighbour's winner first, then the farther one's: before the heuristic default
-    assert first_evaluated(env["url"], warm.study_name) == E.key
+    assert first_evaluated(env["url"], warm.study_name) == WIN.key
     assert any(line.startswith("warm start: 2 config(s)") and SHAPE.key in line and FAR.key in line
                for line in lines), lines
     import optuna
@@ -61,7 +73,7 @@ def test_a_new_shape_starts_from_its_nearest_tuned_neighbours_best(env):
     study = optuna.load_study(study_name=warm.study_name, storage=env["url"])
     assert studies.trials_to_best(study) == 1
     queued = [t.user_attrs.get("config_key") for t in sorted(study.trials, key=lambda t: t.number)][:2]
-    assert queued == [E.key, far.best.config.key]
+    assert queued == [WIN.key, RUNNER_UP.key]
 
     cold = run_search(opts(env, NEAR, study_name="cold", trials=1), log=lambda _: None)
     assert first_evaluated(env["url"], cold.study_name) == DEFAULT.key  # without warm start: the heuristic
@@ -75,7 +87,7 @@ batch = 1
 heads = 2
 head_dim = 128
 trials = 2
-enqueue = ["{E.key}"]
+enqueue = ["{WIN.key}"]
 
 [[shapes]]
 seqlen = 256
@@ -95,9 +107,9 @@ enqueue = []
     out = capsys.readouterr().out
     assert "== campaign 2/2: b1-h2-n512-d128-fp16-full" in out and "warm start: " in out
     table = out[out.index("campaign: 2 shape(s)"):]
-    assert "b1-h2-n256-d128-fp16-full" in table and E.key in table
+    assert "b1-h2-n256-d128-fp16-full" in table and WIN.key in table
     n512 = [line for line in table.splitlines() if "n512" in line][0]
-    assert n512.split()[1:3] == ["2", "1"]  # 2 trials evaluated; the best was the first (E, warm-started)
+    assert n512.split()[1:3] == ["2", "1"]  # 2 trials evaluated; the best was the first (WIN, warm-started)
 
 
 def test_campaign_files_toml_json_yaml_and_their_errors(tmp_path):
@@ -141,10 +153,11 @@ def test_search_with_several_seqlens_is_a_campaign(env, capsys):
     common = ["--batch", "1", "--heads", "2", "--head-dim", "128", "--storage", env["url"], "--evaluator",
               "search_doubles:evaluate", "--arch", "sm_80", "--cache-dir", env["cache"], "--jobs", "2", "--sampler",
               "random", "--trials", "2", "--retime", "1"]
-    assert main(["search", "--seqlen", "256", "512", "--enqueue", E.key, *common]) == 0
+    assert main(["search", "--seqlen", "256", "512", "--enqueue", WIN.key, *common]) == 0
     out = capsys.readouterr().out
     assert "== campaign 1/2: b1-h2-n256-d128-fp16-full (2 trials, warm start 4)" in out
-    assert "warm start: 1 config(s) from tuned neighbour(s) b1-h2-n256-d128-fp16-full" in out
+    # n256's two evaluated configs (WIN and the default, which does not spill) warm-start n512
+    assert "warm start: 2 config(s) from tuned neighbour(s) b1-h2-n256-d128-fp16-full" in out
     assert "campaign: 2 shape(s)" in out
     assert main(["search", "--seqlen", "256", "256", *common]) == 2
     assert "repeated" in capsys.readouterr().err

@@ -46,25 +46,28 @@ def test_search_best_export_import_round_trip(env, capsys):
             "--enqueue", E.key, "--retime", "2"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    # a fresh study starts with the heuristic default, then the --enqueue'd configs (the invalid one is not built)
+    # a fresh study starts with the heuristic default (it does not spill: evaluated like the rest), then the
+    # --enqueue'd configs (the invalid one is not built)
     assert "study test-double-gpu-b1-h2-n256-d128-fp16-full: 0 of 3 trials already evaluated" in out
     assert "[3/3]" in out and "trials by status:" in out and "invalid 1" in out
     assert "pruned for register spills:" in out and "GPU idle waiting for builds:" in out
     assert "sdpa_flash" in out and "sdpa_cudnn" in out
-    assert f"best: trial #" in out and E.key in out and "stored: inserted in autotune_best" in out
     evaluated = [json.loads(x)["config_key"] for x in env["log"].read_text().splitlines()
                  if json.loads(x)["call"] == "evaluate"]
-    assert INVALID.key not in evaluated and A.key in evaluated and E.key in evaluated
+    assert INVALID.key not in evaluated and {DEFAULT.key, A.key, E.key} <= set(evaluated)
+    # the double's figures decide the winner and the two re-timed at the end
+    first, second = sorted((DEFAULT, A, E), key=search_doubles.fake_tflops, reverse=True)[:2]
+    assert f"best: trial #" in out and first.key in out and "stored: inserted in autotune_best" in out
 
     assert main(["best", "--storage", env["url"], "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert len(rows) == 1 and rows[0]["config_key"] == E.key and rows[0]["seqlen"] == 256
-    assert rows[0]["tflops"] == pytest.approx(search_doubles.fake_tflops(E))
+    assert len(rows) == 1 and rows[0]["config_key"] == first.key and rows[0]["seqlen"] == 256
+    assert rows[0]["tflops"] == pytest.approx(search_doubles.fake_tflops(first))
     assert rows[0]["study"] == "test-double-gpu-b1-h2-n256-d128-fp16-full"
 
     assert main(["best", "--storage", env["url"], "--gpu", "double", "--head-dim", "128", "--no-causal"]) == 0
     table = capsys.readouterr().out
-    assert E.key in table and "1 row(s)" in table
+    assert first.key in table and "1 row(s)" in table
     assert main(["best", "--storage", env["url"], "--seqlen", "4096", "--gpu", "double"]) == 0
     assert "no stored or shipped rows match" in capsys.readouterr().out
 
@@ -86,7 +89,7 @@ def test_search_best_export_import_round_trip(env, capsys):
     out = capsys.readouterr().out
     assert "3 of 3 trials already evaluated" in out and "stored: kept the existing row, as fast or faster" in out
     new_calls = [json.loads(x) for x in env["log"].read_text().splitlines()[before:]]
-    assert [c["config_key"] for c in new_calls if c["call"] == "evaluate"] == [E.key, A.key]  # the re-timing only
+    assert [c["config_key"] for c in new_calls if c["call"] == "evaluate"] == [first.key, second.key]  # re-timing only
 
 
 def test_storage_comes_from_the_environment(env, capsys, monkeypatch):

@@ -185,7 +185,8 @@ def test_evaluator_runs_the_injected_function_in_the_child_and_survives_a_crash(
 def test_evaluator_turns_a_hang_and_an_exception_into_outcomes(double_env):
     log, plan, cubin = double_env
     config = space.default_config(SHAPE.problem, space.get_arch("sm_80"))
-    hang, boom = config.replace(bc=32), config.replace(br=64)
+    hang, boom = config.replace(kv_buffering="double"), config.replace(kv_buffering="shared")
+    assert len({config, hang, boom}) == 3  # whatever the default is: the good one must not be planned to hang
     plan.write_text(json.dumps({hang.key: "hang", boom.key: "raise"}))
     with Evaluator("search_doubles:evaluate", timeout=1.5) as ev:
         out = ev.evaluate(_FakeBuild(hang, cubin), SHAPE)

@@ -81,7 +81,7 @@ def covering_configs(problem: Problem, arch: space.Arch, seed: int = 0) -> list[
     return chosen
 
 
-# head_dim 256 is in the space but no tuned shape uses it: its default config (FlashAttention-2's 64×64 pick) per
+# head_dim 256 is in the space but no tuned shape uses it: its default config (FlashAttention-2's pick) per
 # dtype and causal flag, on every case.
 D256 = tuple((p, space.default_config(p, ARCH, FAMILY))
              for p in (Problem(256, dt, c) for dt in space.DTYPES for c in (False, True)))

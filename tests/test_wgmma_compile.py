@@ -38,6 +38,14 @@ def sample() -> tuple[dict, list]:
     # every scheduler on every problem's default: its extra barrier, tile order and persistent loop must compile
     # without spills everywhere, d256 (at its register budget) included
     valid += [(FAMILY.default(p, ARCH).replace(scheduler=s), p) for p in PROBLEMS for s in ("lpt", "persistent")]
+    # o_rescale=before: FA3's d256 loop (2 × 64 rows, Bc 80, 2 stages, overlap, no ping-pong) and the d128/d64
+    # winners' shapes, every problem (d256 is at its register budget), grid and persistent
+    before = dict(setmaxnreg=True, overlap=True, pingpong=False, o_store="smem", min_blocks=1, o_rescale="before")
+    for p in PROBLEMS:
+        shape = {256: dict(consumer_wgs=2, bc=80, stages=2), 128: dict(consumer_wgs=2, bc=128, stages=3),
+                 64: dict(consumer_wgs=3, bc=128, stages=4)}[p.head_dim]
+        valid += [(c, p) for c in (Config.make("wgmma", **shape, **before, scheduler=s) for s in ("grid", "persistent"))
+                  if space.is_valid(c, p, ARCH)]
     rng = random.Random(SEED)
     configs = list(space.enumerate_configs(FAMILY.name))
     for problem in SAMPLE_PROBLEMS:
@@ -69,6 +77,7 @@ def test_sample_has_both_verdicts():
     assert {c.setmaxnreg for c, _ in valid} == {True, False}
     assert {c.o_store for c, _ in valid} == {"direct", "smem"}
     assert {c.scheduler for c, _ in valid} == {"grid", "lpt", "persistent"}
+    assert {c.o_rescale for c, _ in valid} == {"after", "before"}
 
 
 def test_valid_configs_compile_without_spills(verdicts):
@@ -102,7 +111,8 @@ def test_invalid_configs_fail_with_exactly_the_rules_space_names(rule, verdicts)
 
 def test_rules_that_can_fire_are_sampled():
     invalid, _ = sample()
-    for rule in ("pingpong_needs_two_consumers", "pingpong_needs_overlap", "setmaxnreg_needs_two_consumers",
+    for rule in ("pingpong_needs_two_consumers", "pingpong_needs_overlap", "rescale_before_needs_overlap",
+                 "setmaxnreg_needs_two_consumers",
                  "setmaxnreg_one_block", "smem_optin_limit", "accumulators_fit_registers"):
         assert invalid[rule], rule
 

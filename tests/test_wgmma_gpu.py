@@ -59,6 +59,16 @@ LADDER = tuple(Config.make("wgmma", **d) for d in (
          scheduler="lpt"),
     dict(consumer_wgs=1, bc=112, stages=2, setmaxnreg=False, overlap=False, pingpong=False, o_store="smem", min_blocks=2,
          scheduler="lpt"),
+    # o_rescale=before: O shrinks under the S GEMM, before P·V is issued; the d128 winner's shape (grid and
+    # persistent), with ping-pong turns, with 3 consumer warpgroups (d64)
+    dict(consumer_wgs=2, bc=128, stages=3, setmaxnreg=True, overlap=True, pingpong=False, o_store="smem", min_blocks=1,
+         o_rescale="before"),
+    dict(consumer_wgs=2, bc=128, stages=3, setmaxnreg=True, overlap=True, pingpong=False, o_store="smem", min_blocks=1,
+         scheduler="persistent", o_rescale="before"),
+    dict(consumer_wgs=2, bc=112, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="direct", min_blocks=1,
+         o_rescale="before"),
+    dict(consumer_wgs=3, bc=128, stages=4, setmaxnreg=True, overlap=True, pingpong=False, o_store="smem", min_blocks=1,
+         o_rescale="before"),
 ))
 PROBLEMS = tuple(Problem(d, dtype, causal) for d in (64, 128) for dtype in space.DTYPES for causal in (False, True))
 
@@ -76,6 +86,11 @@ def plan_for(problem: Problem) -> list[Config]:
 D256 = tuple((p, FAMILY.default(p, ARCH).replace(scheduler=s)) for p in (Problem(256, dt, c) for dt in space.DTYPES
                                                                           for c in (False, True))
              for s in ("grid", "lpt", "persistent"))
+# d256's measured winner (no overlap) and FA3's d256 loop (128 × 80, overlap without ping-pong, O rescaled before P·V)
+D256 += tuple((p, Config.make("wgmma", consumer_wgs=2, bc=80, stages=2, setmaxnreg=True, overlap=ov, pingpong=False,
+                              o_store="smem", min_blocks=1, o_rescale=r))
+              for p in (Problem(256, dt, c) for dt in space.DTYPES for c in (False, True))
+              for ov, r in ((False, "after"), (True, "before")))
 PLAN = tuple((p, c) for p in PROBLEMS for c in plan_for(p)) + D256
 
 
@@ -112,11 +127,16 @@ def test_tensor_maps_follow_the_config():
 # ---- GPU ------------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def builds(tmp_path_factory):
+def builds(request, tmp_path_factory):
     from autotune.build.builder import Builder
 
+    # only the configs of the tests selected (-k), so a narrow run does not wait for the whole plan's builds
+    selected = {(item.callspec.params["problem"], item.callspec.params["config"]) for item in request.session.items
+                if getattr(item, "callspec", None) is not None and "config" in item.callspec.params
+                and "problem" in item.callspec.params}
+    items = [(c, p) for p, c in PLAN if (p, c) in selected] or [(c, p) for p, c in PLAN]
     cache = os.environ.get("AUTOTUNE_TEST_CACHE_DIR") or tmp_path_factory.mktemp("kernel-cache")
-    results = Builder(ARCH, cache_dir=cache, jobs=os.cpu_count()).build([(c, p) for p, c in PLAN])
+    results = Builder(ARCH, cache_dir=cache, jobs=os.cpu_count()).build(items)
     return {(r.problem, r.config): r for r in results}
 
 

@@ -56,7 +56,19 @@ def test_the_l2_section_follows_kv_bytes():
     # d128 fp16 N4096: a K/V head is 2 MB, 16 of them in the 32 MB share
     order = wg.tile_order(2, 32, 32, 4096, 4096, 128, 128, False)
     assert {h for _, h, b in order[:16 * 32]} == set(range(16)) and {b for *_, b in order[:16 * 32]} == {0}
-    assert order[:3] == [(0, 0, 0), (0, 1, 0), (0, 2, 0)]  # the heads of a section side by side
+    assert order[:3] == [(0, 0, 0), (1, 0, 0), (2, 0, 0)]  # non-causal: the query blocks of one head together
+    causal = wg.tile_order(2, 32, 32, 4096, 4096, 128, 128, True)
+    assert {h for _, h, b in causal[:16 * 32]} == set(range(16)) and {b for *_, b in causal[:16 * 32]} == {0}
+    assert causal[:3] == [(31, 0, 0), (31, 1, 0), (31, 2, 0)]  # causal: the heads of a section side by side
+
+
+@pytest.mark.parametrize("batch,heads,kv_heads,seqlen,head_dim,rows", [
+    (4, 16, 16, 4096, 128, 128), (1, 64, 64, 1024, 128, 128), (16, 16, 16, 512, 64, 192), (3, 12, 4, 777, 64, 64)])
+def test_non_causal_order_is_the_grid_order(batch, heads, kv_heads, seqlen, head_dim, rows):
+    # the ~132 tiles in flight share the K/V of a few heads, as under the grid scheduler (blockIdx.x fastest)
+    order = wg.tile_order(batch, heads, kv_heads, seqlen, seqlen, head_dim, rows, False)
+    num_m = -(-seqlen // rows)
+    assert order == [(m, h, b) for b in range(batch) for h in range(heads) for m in range(num_m)]
 
 
 SHAPES = [(4, 16, 16, 4096, 128, 128), (4, 32, 32, 4096, 64, 192), (1, 64, 64, 1024, 128, 128),
@@ -114,7 +126,7 @@ def test_persistent_has_one_more_barrier():
 
 def test_keys_from_before_the_axis_mean_grid():
     config = Config.from_key(OLD_KEY)
-    assert config.scheduler == "grid" and config.key == OLD_KEY + ",scheduler=grid"
+    assert config.scheduler == "grid" and config.key == OLD_KEY + ",scheduler=grid,o_rescale=after"
     assert Config.from_dict({"family": "wgmma", **dict(config.values)}) == config
     d = config.as_dict()
     del d["scheduler"]
@@ -140,13 +152,13 @@ def test_recorded_landscapes_load_with_keys_of_today():
         loaded = landscape.load(path)
         best = loaded.best
         assert best.config.scheduler == "grid" and loaded.row(best.config) is best
-        assert all(key.endswith(",scheduler=grid") for key in loaded.rows)
+        assert all(key.endswith(",scheduler=grid,o_rescale=after") for key in loaded.rows)
 
 
 def test_a_landscape_key_out_of_order_is_still_refused():
     from autotune.landscapes import landscape_file as landscape
 
-    assert landscape.upgrade_key(OLD_KEY) == OLD_KEY + ",scheduler=grid"
+    assert landscape.upgrade_key(OLD_KEY) == OLD_KEY + ",scheduler=grid,o_rescale=after"
     shuffled = "wgmma:bc=128,consumer_wgs=2,stages=3,setmaxnreg=1,overlap=1,pingpong=0,o_store=smem,min_blocks=1"
     assert landscape.upgrade_key(shuffled) == shuffled  # left for validate() to reject
 

@@ -326,19 +326,34 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
                     tile_max[mt][h] = m;
                 }
         }
+        // Conditional rescaling (FlashAttention-4): keep the max a row's probabilities are taken against until some
+        // row of the warp outgrows it by more than 2^kRescaleLog2, so most tiles skip rescaling O and the row sums.
+        // Exact: O, the row sum and the logsumexp all use the kept max, and P stays ≤ 2^kRescaleLog2.
+        bool rescale = true;
+        if constexpr (kRescaleOnGrowth) {
+            bool grows = false;
+#pragma unroll
+            for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)  // −inf − −inf (nothing unmasked yet) is NaN, so no growth: as it should be
+                    grows |= (tile_max[mt][h] - row_max[mt][h]) * scale_log2 > kRescaleLog2;
+            rescale = __any_sync(0xffffffff, grows);  // warp-uniform: the branches below never diverge
+        }
         float alpha[kMTiles][2];
         float m_scaled[kMTiles][2];
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const float m_new = fmaxf(row_max[mt][h], tile_max[mt][h]);
+                const float m_new = rescale ? fmaxf(row_max[mt][h], tile_max[mt][h]) : row_max[mt][h];
                 // A row with nothing unmasked yet keeps max −inf: use 0 as its baseline so −inf − −inf never
                 // appears; its probabilities are exp2(−inf) = 0 either way.
-                alpha[mt][h] = m_new == -INFINITY ? 1.f : fast_exp2((row_max[mt][h] - m_new) * scale_log2);
                 m_scaled[mt][h] = m_new == -INFINITY ? 0.f : m_new * scale_log2;
-                row_max[mt][h] = m_new;
-                row_sum[mt][h] *= alpha[mt][h];
+                if (rescale) {
+                    alpha[mt][h] = m_new == -INFINITY ? 1.f : fast_exp2((row_max[mt][h] - m_new) * scale_log2);
+                    row_max[mt][h] = m_new;
+                    row_sum[mt][h] *= alpha[mt][h];
+                }
             }
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
@@ -361,12 +376,14 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
                     row_sum[mt][h] += reduce_row<kSNTiles>(part, [](float a, float b) { return a + b; });
                 }
         }
+        if (rescale) {
 #pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt)
+            for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-            for (int dn = 0; dn < kONTiles; ++dn)
+                for (int dn = 0; dn < kONTiles; ++dn)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) o_acc[mt][dn][e] *= alpha[mt][e >> 1];
+                    for (int e = 0; e < 4; ++e) o_acc[mt][dn][e] *= alpha[mt][e >> 1];
+        }
 
         // P in registers: two adjacent n8 accumulator tiles of S are exactly one m16k16 A fragment of P·V.
         // Packing right away lets the fp32 scores die before V is read (half the registers).

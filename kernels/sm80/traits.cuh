@@ -48,6 +48,9 @@
 #ifndef AT_SOFTMAX_TREE
 #define AT_SOFTMAX_TREE 0    // a tile's row max / row sum: 0 one dependent chain, 1 a pairwise tree
 #endif
+#ifndef AT_RESCALE_ON_GROWTH
+#define AT_RESCALE_ON_GROWTH 0  // 1: rescale O and the row sums only when a row max of the warp grows past 2^8
+#endif
 
 namespace sm80 {
 
@@ -65,6 +68,8 @@ constexpr int kLoaderWarps = AT_LOADER_WARPS;
 constexpr int kMinBlocks = AT_MIN_BLOCKS;
 constexpr bool kQInRegs = AT_Q_IN_REGS != 0;
 constexpr bool kSoftmaxTree = AT_SOFTMAX_TREE != 0;
+constexpr bool kRescaleOnGrowth = AT_RESCALE_ON_GROWTH != 0;
+constexpr float kRescaleLog2 = 8.f;  // how far (log2) a row max may outgrow the kept one; P then stays ≤ 2^8
 
 constexpr int kComputeWarps = kWarpsM * kWarpsN;
 constexpr int kComputeThreads = kComputeWarps * 32;

@@ -72,8 +72,11 @@ __device__ __forceinline__ int num_kv_tiles(const FlashFwdParams& p, int m0) {
 // ---- tile order ----------------------------------------------------------------------------------------------------
 // lpt and persistent number the tiles t = 0 .. tiles-1 in sections of `group` consecutive (batch, head) pairs whose
 // K and V fit together in kL2SectionBytes of L2 (a whole number of GQA groups, so a K/V head is never split between
-// sections). A section runs query block by query block, all its heads side by side, the last query block (the one
-// with the most key tiles under causal masking) first. space/wgmma.py: tile_order mirrors this arithmetic.
+// sections). Causal: a section runs query block by query block, all its heads side by side, the last query block
+// (the one with the most key tiles) first. Non-causal: head by head, all query blocks of one head consecutive, as
+// the grid order runs them: the ~132 tiles in flight then share the K/V of ~132 / num_m heads (d128 N4096: 4 heads,
+// 8 MB) instead of one query block of every head of the section (16 heads, 32 MB, each K/V line read by a quarter as
+// many CTAs at a time), which cost lpt and persistent 4-10 % against grid. space/wgmma.py: tile_order mirrors this.
 
 struct Tile {
     int m_block, head, batch;
@@ -100,9 +103,16 @@ __device__ __forceinline__ Tile tile_at(const FlashFwdParams& p, const TileOrder
     const int section = t / per_section;
     const int r = t - section * per_section;
     const int first = section * o.group;
-    const int heads_here = min(o.group, p.batch * p.heads - first);  // the last section may be short
-    const int mb = r / heads_here;
-    const int pair = first + (r - mb * heads_here);
+    int mb, pair;
+    if constexpr (kCausal) {
+        const int heads_here = min(o.group, p.batch * p.heads - first);  // the last section may be short
+        mb = r / heads_here;
+        pair = first + (r - mb * heads_here);
+    } else {
+        const int k = r / o.num_m;
+        mb = r - k * o.num_m;
+        pair = first + k;
+    }
     Tile tile;
     tile.batch = pair / p.heads;
     tile.head = pair - tile.batch * p.heads;
@@ -240,12 +250,14 @@ __device__ __forceinline__ void produce(const FlashFwdParams& p, const Smem& sm,
 
 // S = Q·Kᵀ over head_dim in k16 steps. Within a 128-byte swizzle atom a k-step advances the start address by
 // 32 bytes (the hardware applies the swizzle to the final address); every 64 columns moves to the next chunk.
+// The descriptors' low words are formed once per call and stepped by constants (ptx.cuh: desc_lo).
 __device__ __forceinline__ void issue_qk(float (&s)[kSRegs], uint32_t q_addr, uint32_t k_addr) {
+    const uint32_t a0 = desc_lo(q_addr, 16), b0 = desc_lo(k_addr, 16);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
         const uint32_t off = (kk % 4) * 32;
-        const uint64_t a = desc_sw128(q_addr + (kk / 4) * (kRowsPerWG * kChunkRowBytes) + off, 16, 1024);
-        const uint64_t b = desc_sw128(k_addr + (kk / 4) * kKVChunkBytes + off, 16, 1024);
+        const uint64_t a = desc_make(a0 + (((kk / 4) * (kRowsPerWG * kChunkRowBytes) + off) >> 4), desc_hi(1024));
+        const uint64_t b = desc_make(b0 + (((kk / 4) * kKVChunkBytes + off) >> 4), desc_hi(1024));
         Mma::ss(s, a, b, kk > 0 ? 1u : 0u);
     }
 }
@@ -254,9 +266,10 @@ __device__ __forceinline__ void issue_qk(float (&s)[kSRegs], uint32_t q_addr, ui
 // i.e. N-major for this product: LBO steps between the 64-column chunks, SBO between groups of 8 keys, and a
 // k-step moves 16 keys = 2048 bytes.
 __device__ __forceinline__ void issue_pv(float (&o)[kORegs], const uint32_t (&pf)[kPRegs], uint32_t v_addr) {
+    const uint32_t b0 = desc_lo(v_addr, kKVChunkBytes);
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) {
-        const uint64_t b = desc_sw128(v_addr + kk * 16 * kChunkRowBytes, kKVChunkBytes, 1024);
+        const uint64_t b = desc_make(b0 + ((kk * 16 * kChunkRowBytes) >> 4), desc_hi(1024));
         MmaPV::rs<1>(o, &pf[4 * kk], b, 1u);
     }
 }
@@ -304,7 +317,10 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kSRegs], float (&m)[2], 
     }
 }
 
+// Skipped, exactly, when no row of the warp got a new maximum (every factor is then 1): after the first few key
+// tiles that is most tiles, and it saves D/2 FMULs per thread (a quarter of a d256 tile's instructions).
 __device__ __forceinline__ void rescale_o(float (&o)[kORegs], const float (&corr)[2]) {
+    if (__all_sync(0xffffffff, corr[0] == 1.f && corr[1] == 1.f)) return;
 #pragma unroll
     for (int j = 0; j < kHeadDim / 8; ++j) {
         o[4 * j + 0] *= corr[0];
@@ -429,9 +445,13 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         int prev_stage = stage;
         uint32_t prev_phase = phase;
         ring.advance();
+        // o_rescale=after: O(n-1) = (O(n-2) + P(n-1)·V(n-1)) · corr(n), once P·V has completed (O is then on the
+        // path from the P·V wait to the next issue). o_rescale=before (FA3's order for head_dim > 128): O(n-2) is
+        // multiplied by corr(n-1) right after S(n) is issued, under that GEMM, and P(n-1)·V(n-1) accumulates onto it.
+        // Both apply every factor once; with P(0)·V(0) onto the zero O, the first factor never matters.
         for (int n = 1; n < n_tiles; ++n) {
             mbar_wait(sm.k_full(stage), phase);
-            mbar_wait(sm.v_full(prev_stage), prev_phase);
+            if constexpr (!kRescaleBefore) mbar_wait(sm.v_full(prev_stage), prev_phase);
             turns.begin();
             fence_regs(s);
             fence_regs(o);
@@ -439,6 +459,12 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             wgmma_fence();
             issue_qk(s, q_addr, sm.k_tile(stage));
             wgmma_commit();
+            if constexpr (kRescaleBefore) {
+                rescale_o(o, corr);
+                mbar_wait(sm.v_full(prev_stage), prev_phase);
+                fence_regs(o);
+                wgmma_fence();
+            }
             issue_pv(o, pf, sm.v_tile(prev_stage));
             wgmma_commit();
             turns.end(false);
@@ -450,13 +476,14 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             fence_regs(o);
             fence_regs(pf);
             release(sm, prev_stage);
-            rescale_o(o, corr);
+            if constexpr (!kRescaleBefore) rescale_o(o, corr);
             convert_p(s, pf);
             prev_stage = stage;
             prev_phase = phase;
             ring.advance();
         }
         // Epilogue: the last P·V.
+        if constexpr (kRescaleBefore) rescale_o(o, corr);
         mbar_wait(sm.v_full(prev_stage), prev_phase);
         turns.begin();
         fence_regs(o);

@@ -97,6 +97,18 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr, uint32_t lbo_bytes
            (static_cast<uint64_t>((sbo_bytes & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
 
+// The same descriptor split in two 32-bit words, for operands that step through shared memory at compile-time
+// offsets: the low word (start address, LBO) is computed once per tile and every k-step adds its offset >> 4 to it
+// (start address + offset stays below 256 KB, so the 14-bit address field never carries into the LBO field); the
+// high word (SBO, swizzle mode) is a constant. One uniform add per wgmma instead of the mask/shift/or chain above.
+__device__ __forceinline__ uint32_t desc_lo(uint32_t addr, uint32_t lbo_bytes) {
+    return ((addr & 0x3FFFF) >> 4) | (((lbo_bytes & 0x3FFFF) >> 4) << 16);
+}
+__host__ __device__ constexpr uint32_t desc_hi(uint32_t sbo_bytes) { return ((sbo_bytes & 0x3FFFF) >> 4) | (1u << 30); }
+__device__ __forceinline__ uint64_t desc_make(uint32_t lo, uint32_t hi) {
+    return static_cast<uint64_t>(hi) << 32 | lo;
+}
+
 // ---- register reallocation and named barriers -----------------------------------------------------------------
 
 template <int N>

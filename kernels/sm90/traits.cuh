@@ -5,7 +5,7 @@
 #if !defined(AT_HEAD_DIM) || !defined(AT_DTYPE_BF16) || !defined(AT_CAUSAL) || !defined(AT_CONSUMER_WGS) ||     \
     !defined(AT_BC) || !defined(AT_STAGES) || !defined(AT_SETMAXNREG) || !defined(AT_OVERLAP) ||                 \
     !defined(AT_PINGPONG) || !defined(AT_O_STORE_SMEM) || !defined(AT_MIN_BLOCKS) || !defined(AT_SCHEDULER) ||  \
-    !defined(AT_EXPECT_THREADS) || !defined(AT_EXPECT_SMEM_STATIC) || !defined(AT_EXPECT_SMEM_DYNAMIC)
+    !defined(AT_O_RESCALE_BEFORE) || !defined(AT_EXPECT_THREADS) || !defined(AT_EXPECT_SMEM_STATIC) || !defined(AT_EXPECT_SMEM_DYNAMIC)
 #error "wgmma family: build through space.defines(config, problem); a macro is missing"
 #endif
 
@@ -25,6 +25,9 @@ constexpr bool kOverlap = AT_OVERLAP != 0;     // issue S(n) together with P(n-1
 constexpr bool kPingPong = AT_PINGPONG != 0;   // two consumer warpgroups take turns on the tensor cores
 constexpr bool kOStoreSmem = AT_O_STORE_SMEM != 0;  // stage O in shared memory for 16-byte row stores
 constexpr int kMinBlocks = AT_MIN_BLOCKS;
+// Overlapped loop only: multiply O by the previous tile's correction right after S(n) is issued, before
+// P(n-1)·V(n-1) (FA3's RescaleOBeforeGemm, its choice for head_dim > 128), instead of after P·V completes.
+constexpr bool kRescaleBefore = AT_O_RESCALE_BEFORE != 0;
 // Which tile (query block, head, batch) a CTA works on: 0 grid (one CTA per tile, blockIdx = (query block, head,
 // batch), causal query blocks reversed), 1 lpt (one CTA per tile on a 1-D grid, in L2-sized head sections, longest
 // first when causal), 2 persistent (each CTA strides through the lpt order; the producer prefetches the next tile's
@@ -67,7 +70,9 @@ constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
 // S + O (f32) + P (f16x2) per consumer thread, plus row statistics, indices and addresses; the overlapped loop
 // keeps more alive across the asynchronous P·V. Calibrated on ptxas 13.0: 8 / 32 are the smallest margins with
 // no spill in the sampled space (e.g. overlapped 3 warpgroups d128 Bc=96 spill at 160 with a margin of 24).
-constexpr int kRegOverhead = kOverlap ? 32 : 8;
+// o_rescale=before carries the correction factors across the loop's back edge; under the persistent scheduler that
+// spills at d256 (64 B, causal), hence 72 there: it prunes exactly d256 (any Bc) and d128 with Bc >= 176.
+constexpr int kRegOverhead = kOverlap ? (kRescaleBefore && kPersistent ? 72 : 32) : 8;
 constexpr int kAccumulatorRegs = kBc / 2 + kHeadDim / 2 + kBc / 4 + kRegOverhead;
 constexpr int kConsumerRegBudget = kSetMaxNReg ? kConsumerRegs : kRegCap;
 
@@ -80,6 +85,8 @@ static_assert(kStages >= 2, "stages_at_least_two: the overlapped loop holds two 
 static_assert(!kPingPong || kConsumerWGs == 2, "pingpong_needs_two_consumers: ping-pong alternates two warpgroups");
 static_assert(!kPingPong || kOverlap,
               "pingpong_needs_overlap: a ping-pong turn is the S(n) + P(n-1)·V(n-1) issue of the overlapped loop");
+static_assert(!kRescaleBefore || kOverlap,
+              "rescale_before_needs_overlap: o_rescale=before reorders the overlapped loop's S(n) + P(n-1)·V(n-1) issue");
 static_assert(!kSetMaxNReg || kConsumerWGs >= 2,
               "setmaxnreg_needs_two_consumers: with one consumer warpgroup every thread already gets 255 registers");
 static_assert(!kSetMaxNReg || kMinBlocks == 1,

@@ -1,0 +1,68 @@
+"""Every arch we name gets a default kernel that builds without spilling.
+
+The default config (`space.default_config`) is what `autotune.attention` runs on a GPU with nothing tuned and what
+`autotune build` builds without --config; a default that spills is a slow first kernel on that GPU, and one that the
+search's own spill policy (`--spill-policy prune`) would drop. So: every family of every arch in space.ARCHES, every
+head_dim × dtype × causal, built for that arch through the Builder (one batched ninja build per arch, since a
+Builder targets one arch), must compile with 0 bytes of spill stores and loads.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import space
+from autotune.build.builder import Builder
+
+PROBLEMS = tuple(space.Problem(d, t, c) for d, t, c in itertools.product(space.HEAD_DIMS, space.DTYPES, (False, True)))
+
+
+def default_items(arch: space.Arch) -> list[tuple[space.Config, space.Problem]]:
+    """(default config, problem) for every family of the arch and every problem."""
+    return [(space.default_config(p, arch, f), p) for f in arch.families if f in space.FAMILIES for p in PROBLEMS]
+
+
+def spill_failures(results) -> list[str]:
+    """One line per build that is not a clean compile: what it was, its status and ptxas' figures or error."""
+    lines = []
+    for r in results:
+        if r.status == "compiled":
+            continue
+        rep = r.report
+        figures = (f"{rep.registers} registers, {rep.spill_stores} B spill stores, {rep.spill_loads} B spill loads"
+                   if rep else ((r.error or "").strip() or "no compiler report").splitlines()[0])
+        lines.append(f"{r.arch.name} {r.problem.key} {r.config.key}: {r.status}: {figures}")
+    return lines
+
+
+def test_the_cases_cover_every_arch_family_and_problem():
+    # the names the issue lists: a new arch in space/ joins the test by itself, one dropped must be noticed
+    assert {"sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_103", "sm_120"} <= set(space.ARCHES)
+    assert len(PROBLEMS) == len(space.HEAD_DIMS) * len(space.DTYPES) * 2
+    assert {c.family for c, _ in default_items(space.get_arch("sm_90"))} == {"mma_sync", "wgmma"}
+
+
+def test_spill_failures_names_a_spilled_build():
+    # the check below is only as good as this reading of a BuildResult: a spilled report must be reported
+    from autotune.build.builder import BuildResult
+    from autotune.ptxas import BuildReport
+
+    arch, problem = space.get_arch("sm_80"), PROBLEMS[0]
+    config = space.default_config(problem, arch)
+    spilled = BuildResult(config, problem, arch, ok=True, cubin_path=None, cached=False, key="k", error=None,
+                          report=BuildReport(255, 60, 72, 64, 0, 1.0))
+    clean = BuildResult(config, problem, arch, ok=True, cubin_path=None, cached=False, key="k", error=None,
+                        report=BuildReport(255, 0, 0, 0, 0, 1.0))
+    (line,) = spill_failures([spilled, clean])
+    assert line.startswith(f"sm_80 {problem.key} {config.key}: spilled: 255 registers, 60 B spill stores")
+
+
+@pytest.mark.parametrize("arch_name", list(space.ARCHES))
+def test_every_default_builds_without_spilling(arch_name, build_cache_dir):
+    arch = space.get_arch(arch_name)
+    items = default_items(arch)
+    results = Builder(arch, cache_dir=build_cache_dir).build(items)
+    assert len(results) == len(items)
+    bad = spill_failures(results)
+    assert not bad, f"{len(bad)} of {len(items)} defaults on {arch_name} do not build cleanly:\n" + "\n".join(bad)
