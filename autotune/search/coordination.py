@@ -159,8 +159,8 @@ def retrying_storage():
 
             def note(error, left):
                 if not outage and self.log is not None:
-                    self.log(f"note: the storage is unreachable ({transient.first_line(error)}); retrying for up "
-                             f"to {left:.0f} s")
+                    self.log(f"note: the storage is unreachable ({transient.first_line(error)}) in {fn.__name__}; "
+                             f"retrying for up to {left:.0f} s")
                 outage.setdefault("since", time.monotonic())
 
             result = transient.call(fn, *args, reset=lambda: reset_connections(self), on_retry=note, **kwargs)
@@ -183,6 +183,7 @@ def retrying_storage():
                     if t.state == state and (values is None or list(t.values or ()) == list(values)):
                         return True
                     raise
+            attempt.__name__ = "set_trial_state_values"
             return self._retry(attempt)
 
     for name in _RETRIED:
