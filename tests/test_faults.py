@@ -442,17 +442,23 @@ def test_replay_with_workers_needs_a_shared_storage(tmp_path, capsys):
 
 # ---- separate launchers on one study (several hosts) ---------------------------------------------------------
 
-def test_two_launchers_on_one_study_share_it_like_two_hosts(postgres_url, build_cache_dir, double, tmp_path):
+def test_two_launchers_on_one_study_share_it_like_two_hosts(postgres_url, build_cache_dir, double, monkeypatch):
+    # Two "GPUs" per host, so host A's two workers can be timing at once. The hosts share the GPU lock files (one
+    # lock dir): host B's evaluations wait until host A's gates open, which is after B's asks were deferred.
+    monkeypatch.setenv("AUTOTUNE_DOUBLE_DEVICES", "2")
     double.plan({A: "gate", B: "gate"})
     enqueue(postgres_url, [A, B])
-    args = cli(postgres_url, build_cache_dir, "--workers", "2", "--trials", "4")
-    host_a = subprocess.Popen(args, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # host A's budget is those two: once both are running there, its workers ask nothing more
+    host_a = subprocess.Popen(cli(postgres_url, build_cache_dir, "--workers", "2", "--trials", "2"), env=_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     host_b = None
     try:
-        for c in (A, B):  # both of host A's workers are timing (A and B RUNNING there), so neither asks again
-            double.wait_for(lambda call, c=c: call["config_key"] == c.key)
-        enqueue(postgres_url, [A, B, E, A_Q])  # host B's workers pop A and B first, while host A is timing them
-        host_b = subprocess.Popen(args, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        def running_on_a():
+            return {search_doubles_config(t) for t in load(postgres_url).trials if t.state.name == "RUNNING"}
+        wait_until(lambda: {A, B} <= running_on_a(), 180, "A and B running on host A", host_a)
+        enqueue(postgres_url, [A, B, E, A_Q])  # host B's workers pop A and B first, while host A holds them
+        host_b = subprocess.Popen(cli(postgres_url, build_cache_dir, "--workers", "2", "--trials", "4"),
+                                  env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         wait_until(lambda: sum(trial_mod.RUNNING_IN in t.user_attrs for t in load(postgres_url).trials) == 2, 180,
                    "A and B deferred by host B", host_b)
         double.open_gate(A), double.open_gate(B)

@@ -111,8 +111,23 @@ def make_storage(url: str, heartbeat: int = DEFAULT_HEARTBEAT, grace: int = DEFA
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         # pool_pre_ping: a long search outlives server restarts and idle-connection reapers
-        return retrying_storage()(url, engine_kwargs={"pool_pre_ping": True}, heartbeat_interval=heartbeat,
-                                  grace_period=grace, **{name: _OnStale()})
+        kwargs = dict(engine_kwargs={"pool_pre_ping": True}, heartbeat_interval=heartbeat, grace_period=grace,
+                      **{name: _OnStale()})
+        for attempt in range(5):
+            try:
+                return transient.call(retrying_storage(), url, **kwargs)
+            except Exception as e:  # noqa: BLE001  (one race is retried, the rest raised)
+                # Launchers on several hosts starting on a fresh database create Optuna's tables at the same
+                # moment; the losers' CREATE fails ("already exists"), and the next try finds them made.
+                if attempt == 4 or not _created_meanwhile(e):
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+
+
+def _created_meanwhile(error: BaseException) -> bool:
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    return isinstance(error, (IntegrityError, ProgrammingError)) and "already exists" in str(error)
 
 
 # The storage operations the search uses, retried through a server restart (store/transient.py). Reads and
