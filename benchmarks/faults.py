@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 from pg_server import PgServer, find_bin  # noqa: E402
 
 LANDSCAPE = ROOT / "studies" / "landscapes" / "h200-b4-h16-n4096-d128-fp16-full-wgmma.json"
+KILL_BUDGET = 100  # evaluated trials of the SIGKILL study (of the landscape's 252 valid configs)
 GRACE = 3  # seconds without heartbeats before a killed process's trials are failed and re-queued
 
 
@@ -117,7 +118,7 @@ def sigkills(drill: Drill, work: Path, kills: int, rng: random.Random) -> dict:
     seen: dict = {}
     moments = []
     for _ in range(kills):
-        p = drill.start(search(url, "kills", 400))
+        p = drill.start(search(url, "kills", KILL_BUDGET))
         moment = rng.uniform(0.5, 6.0)  # from the start: opening the study, asking, evaluating, telling
         try:
             p.wait(moment)
@@ -127,7 +128,7 @@ def sigkills(drill: Drill, work: Path, kills: int, rng: random.Random) -> dict:
             p.wait()
             moments.append(moment)
     before = len(seen)
-    drill.finish(drill.start(search(url, "kills", 400)))  # the same command again, to the end
+    drill.finish(drill.start(search(url, "kills", KILL_BUDGET)))  # the same command again, to the end
     return tally(f"{kills} × SIGKILL, single search (SQLite)", url, "kills", seen,
                  f"{len(moments)} killed at 0.5–6 s; {before} trials completed before the last kill")
 
@@ -178,7 +179,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=20, help="SIGKILLed single searches (default 20)")
     ap.add_argument("--seed", type=int, default=0, help="seeds the kill moments (default 0)")
-    ap.add_argument("--pace", type=float, default=0.1, help="seconds per replayed evaluation (default 0.1)")
+    ap.add_argument("--pace", type=float, default=0.2, help="seconds per replayed evaluation (default 0.2)")
     args = ap.parse_args()
     initdb, pg_ctl = find_bin("initdb"), find_bin("pg_ctl")
     if not initdb or not pg_ctl:
