@@ -385,19 +385,24 @@ def test_a_trial_killed_while_being_told_counts_as_died(tmp_path):
     from autotune.search.study import fail_stale_running, status_counts
 
     study = optuna.create_study(study_name="k", storage=f"sqlite:///{tmp_path / 'k.db'}", direction="maximize")
+    told = []
     for attrs in ({"status": "complete", "tflops": 123.0, "config_key": "a"},
                   {"status": "complete", "tflops": 9.0, "config_key": "b", trial_mod.DUPLICATE_OF: 0},
-                  {"status": "wrong", "reason": "max error 1.5", "config_key": "c"}):
+                  {"status": "wrong", "reason": "max error 1.5", "config_key": "c"},
+                  {"status": "complete", "tflops": 9.0, "config_key": "d", trial_mod.DUPLICATE_OF: 0}):
         t = study.ask()
         for k, v in attrs.items():  # the process was killed after these writes, before the state
             t.set_user_attr(k, v)
-    # on a shared storage the heartbeat check fails it as it stands (no reason of ours); on SQLite the next run
-    study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # (and a trial failed with no attrs at all)
-    fail_stale_running(study, log=lambda line: None)
+        told.append(t)
+    # On a shared storage the heartbeat check fails such a trial as it stands (no reason of ours) ...
+    for t in told[2:]:
+        study.tell(t, state=optuna.trial.TrialState.FAIL)
+    study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # (and one failed with no attrs at all)
+    fail_stale_running(study, log=lambda line: None)  # ... on SQLite, the next run
     abandoned = study.ask()
     abandoned.set_user_attr("reason", "interrupted (Ctrl-C) before it was evaluated")
     study.tell(abandoned, state=optuna.trial.TrialState.FAIL)
-    assert status_counts(study) == Counter({"died": 4, "cancelled": 1})
+    assert status_counts(study) == Counter({"died": 5, "cancelled": 1})
     for t in study.trials:
         record = record_from_trial(t)
         assert record.status != "complete" and record.tflops is None, (t.number, record)
