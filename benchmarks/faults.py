@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from pg_server import PgServer, find_bin  # noqa: E402
 
 LANDSCAPE = ROOT / "studies" / "landscapes" / "h200-b4-h16-n4096-d128-fp16-full-wgmma.json"
-KILL_BUDGET = 100  # evaluated trials of the SIGKILL study (of the landscape's 252 valid configs)
+KILL_BUDGET = 40  # evaluated trials of the SIGKILL study (of the landscape's 252 valid configs)
 GRACE = 3  # seconds without heartbeats before a killed process's trials are failed and re-queued
 
 
@@ -55,12 +55,20 @@ class Drill:
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOTUNE_REPLAY_SECONDS": str(pace),
                     "AUTOTUNE_LOCK_DIR": str(work / "locks"), "PYTHONUNBUFFERED": "1"}
         self.runs = 0
+        self.procs: list[subprocess.Popen] = []
+
+    def kill_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
 
     def start(self, argv: list[str]) -> subprocess.Popen:
         self.runs += 1
         out = open(self.work / f"run-{self.runs}.log", "w")
         p = subprocess.Popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         p.log = out.name
+        self.procs.append(p)
         return p
 
     def finish(self, p: subprocess.Popen, timeout: float = 600, ok=(0,)) -> int:
@@ -135,8 +143,8 @@ def sigkills(drill: Drill, work: Path, kills: int, rng: random.Random) -> dict:
 
 def three_processes(drill: Drill, pg: PgServer) -> dict:
     url = pg.create_database()
-    procs = [drill.start(search(url, "three", 60, "--seed", str(i))) for i in range(3)]
-    wait_complete(url, "three", 10, procs[0])
+    procs = [drill.start(search(url, "three", 30, "--seed", str(i))) for i in range(3)]
+    wait_complete(url, "three", 5, procs[0])
     seen = complete(url, "three")
     os.killpg(procs[1].pid, signal.SIGKILL)
     procs[1].wait()
@@ -149,8 +157,8 @@ def three_processes(drill: Drill, pg: PgServer) -> dict:
 
 def restart(drill: Drill, pg: PgServer) -> dict:
     url = pg.create_database()
-    p = drill.start(search(url, "restart", 60, "--workers", "2"))
-    wait_complete(url, "restart", 10, p)
+    p = drill.start(search(url, "restart", 30, "--workers", "2"))
+    wait_complete(url, "restart", 5, p)
     seen = complete(url, "restart")
     t0 = time.monotonic()
     r = pg._run(pg.pg_ctl, "-D", str(pg.data), "-m", "fast", "-w", "-t", "60", "restart")
@@ -165,7 +173,7 @@ def restart(drill: Drill, pg: PgServer) -> dict:
 
 def two_sqlite(drill: Drill, work: Path) -> dict:
     url = f"sqlite:///{work / 'two.db'}"
-    procs = [drill.start(search(url, "two", 40, "--seed", str(i))) for i in range(2)]
+    procs = [drill.start(search(url, "two", 20, "--seed", str(i))) for i in range(2)]
     codes = sorted(drill.finish(p, ok=(0, 2)) for p in procs)
     if codes != [0, 2]:
         raise SystemExit(f"faults.py: two searches on one SQLite study ended {codes}, expected one refused (2)")
@@ -194,6 +202,7 @@ def main() -> int:
         rows = [sigkills(drill, work, args.kills, random.Random(args.seed)), three_processes(drill, pg),
                 restart(drill, pg), two_sqlite(drill, work)]
     finally:
+        drill.kill_all()  # a drill that failed half-way leaves no search running
         pg.stop()
     print(f"| fault | trials completed | trials lost | configs timed twice | trials left RUNNING | notes |")
     print("|---|---|---|---|---|---|")
