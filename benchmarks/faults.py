@@ -161,7 +161,8 @@ def restart(drill: Drill, pg: PgServer) -> dict:
     wait_complete(url, "restart", 5, p)
     seen = complete(url, "restart")
     t0 = time.monotonic()
-    r = pg._run(pg.pg_ctl, "-D", str(pg.data), "-m", "fast", "-w", "-t", "60", "restart")
+    # -l: the restarted server must not inherit our pipes (pg_ctl would never return)
+    r = pg._run(pg.pg_ctl, "-D", str(pg.data), "-l", str(pg.log), "-m", "fast", "-w", "-t", "60", "restart")
     if r.returncode:
         raise SystemExit(f"faults.py: pg_ctl restart failed:\n{r.stdout}\n{r.stderr}")
     down = time.monotonic() - t0
