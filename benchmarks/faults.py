@@ -8,13 +8,13 @@ $AUTOTUNE_REPLAY_SECONDS so faults land mid-trial); PostgreSQL is a throwaway cl
     python3 benchmarks/faults.py --kills 5       # quicker
 
 Faults:
-  sigkill     --kills single searches on one SQLite study, each SIGKILLed at a random moment (seeded), then the
-              same command run to the end (it resumes);
+  sigkill     --kills single searches on one SQLite study, each SIGKILLed at a random moment (seeded: a quarter
+              while starting, the rest 0-3 s after the study is opened), then the same command run to the end;
   3 procs     three searches on one PostgreSQL study at once, one SIGKILLed mid-search; the other two finish;
   restart     a --workers 2 search on PostgreSQL while the server restarts (pg_ctl -m fast restart);
   sqlite x2   two searches started at once on one SQLite study: one must be refused up front.
 
-Columns: trials completed (COMPLETE in the study at the end); trials lost (COMPLETE trials seen before a fault
+Columns: trials completed (COMPLETE trials in the study at the end, reuses of a result and retries included); trials lost (COMPLETE trials seen before a fault
 that are not COMPLETE with the same value after it, plus trials that died holding a config which was neither
 re-queued nor judged later); configs timed twice (configs judged by more than one trial of their own, i.e. not
 reusing another's result); trials left RUNNING. The last three must be 0; the script exits 1 otherwise.
@@ -127,7 +127,12 @@ def sigkills(drill: Drill, work: Path, kills: int, rng: random.Random) -> dict:
     moments = []
     for _ in range(kills):
         p = drill.start(search(url, "kills", KILL_BUDGET))
-        moment = rng.uniform(0.5, 6.0)  # from the start: opening the study, asking, evaluating, telling
+        if rng.random() < 0.25:  # while starting: imports, opening the study, failing the last run's trials
+            moment = rng.uniform(0.2, 3.0)
+        else:  # mid-search: asking, evaluating, telling (a Python start takes seconds on a loaded machine)
+            while p.poll() is None and "study kills:" not in Path(p.log).read_text():
+                time.sleep(0.05)
+            moment = rng.uniform(0.0, 3.0)
         try:
             p.wait(moment)
         except subprocess.TimeoutExpired:
@@ -138,7 +143,8 @@ def sigkills(drill: Drill, work: Path, kills: int, rng: random.Random) -> dict:
     before = len(seen)
     drill.finish(drill.start(search(url, "kills", KILL_BUDGET)))  # the same command again, to the end
     return tally(f"{kills} × SIGKILL, single search (SQLite)", url, "kills", seen,
-                 f"{len(moments)} killed at 0.5–6 s; {before} trials completed before the last kill")
+                 f"{len(moments)} killed (a quarter while starting, the rest 0–3 s into the search); "
+                 f"{before} trials completed before the last kill")
 
 
 def three_processes(drill: Drill, pg: PgServer) -> dict:
