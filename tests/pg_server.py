@@ -118,6 +118,18 @@ class PgServer:
             c.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
+    def pause(self) -> None:
+        """Stop the server as `pg_ctl -m fast restart` does first: every connection is terminated (AdminShutdown)."""
+        r = self._run(self.pg_ctl, "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "stop")
+        if r.returncode:
+            raise RuntimeError(f"pg_ctl stop failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+
+    def resume(self) -> None:
+        """Start the server again after pause(), on the same port and data."""
+        r = self._run(self.pg_ctl, "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start")
+        if r.returncode:
+            raise RuntimeError(f"pg_ctl start failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+
     def stop(self) -> None:
         try:
             if self.port is not None:

@@ -3,11 +3,12 @@ child process like the real one.
 
 Deterministic fake speed from the config; it checks that the cubin it was handed really exists (the build layer
 is real in these tests). Behaviour per config comes from a JSON plan named by $AUTOTUNE_DOUBLE_PLAN:
-{"<config key>": "crash" | "hang" | "wrong" | "raise" | "crash_once" | "hang_once" | "slow" | "meet"}; "slow"
+{"<config key>": "crash" | "hang" | "wrong" | "raise" | "crash_once" | "hang_once" | "slow" | "meet" | "gate"}; "slow"
 sleeps $AUTOTUNE_DOUBLE_SLOW seconds (default 1) before answering, for tests that must catch an evaluation in
 flight; "meet" waits (up to 40 s, well inside the tests' 60 s evaluation timeout) until another worker
 process has started an evaluation too, so that a test of several workers does not depend on how fast the
-machine starts them.
+machine starts them; "gate" waits (up to 120 s) until the test opens that config's gate (Control.open_gate), so a
+test can act (kill, restart the database, start another process) while the evaluation is known to be in flight.
 Tests drive the double through `Control` (the plan, the call log, waiting for a call).
 Every call is appended to the file named by $AUTOTUNE_DOUBLE_LOG (one JSON line: pid, parent pid, worker index
 and CUDA_VISIBLE_DEVICES of the search process, call, config key, cubin hash; an `evaluated` line with start and
@@ -44,6 +45,10 @@ class Control:
         if not self.log.is_file():
             return []
         return [c for c in map(json.loads, self.log.read_text().splitlines()) if c["call"] == kind]
+
+    def open_gate(self, config) -> None:
+        """Let the "gate" evaluations of `config` answer (now, and every later one)."""
+        _gate(config.key, self.log).touch()
 
     def evaluated(self) -> list[str]:
         return [c["config_key"] for c in self.calls()]
@@ -107,6 +112,10 @@ def evaluate(build, shape):
         time.sleep(float(os.environ.get("AUTOTUNE_DOUBLE_SLOW", "1")))
     if action == "meet":
         _meet(time.monotonic() + 40)
+    if action == "gate":
+        gate, deadline = _gate(key, Path(os.environ["AUTOTUNE_DOUBLE_LOG"])), time.monotonic() + 120
+        while not gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
     if action == "raise":
         raise RuntimeError("CUDA error: an illegal memory access was encountered (double)")
     if action == "wrong":
@@ -126,6 +135,12 @@ def _meet(deadline: float) -> None:
         if any(x["call"] == "evaluate" and x.get("worker") not in (None, me) for x in lines):
             return
         time.sleep(0.05)
+
+
+def _gate(key: str, log: Path) -> Path:
+    import hashlib
+
+    return log.with_name(f"gate-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
 
 
 def _crashed_before(key: str) -> bool:

@@ -8,9 +8,14 @@ A config the landscape has no row for is an error naming the config (MissingConf
 replay that silently invented values would make any comparison meaningless. The same goes for asking the
 replay to time a config the recording did not time (a spilling build, skipped under the recording's spill
 policy), and for a shape or arch other than the recorded one.
+
+$AUTOTUNE_REPLAY_SECONDS makes each replayed evaluation take that long (default 0: answered at once), so that
+fault drills (benchmarks/faults.py) can kill a process or restart its database while a trial is in flight.
 """
 from __future__ import annotations
 
+import os
+import time
 from typing import Any, Sequence
 
 import space
@@ -82,6 +87,9 @@ class ReplayBuilder:
                            key=f"replay:{config.key}", cubin_hash=row.cubin_hash)
 
 
+PACE_ENV = "AUTOTUNE_REPLAY_SECONDS"
+
+
 class ReplayEvaluator:
     """Evaluator-shaped (submit/wait/evaluate/baselines/device_info/close), answered from the landscape."""
 
@@ -89,6 +97,8 @@ class ReplayEvaluator:
         self.landscape = landscape
         self.shape = landscape.shape
         self._pending: EvalOutcome | None = None
+        self._ready = 0.0  # monotonic time the pending outcome is answered (module docstring: pacing)
+        self.pace = float(os.environ.get(PACE_ENV) or 0)
         self.evaluations = 0
 
     def device_info(self) -> dict[str, Any]:
@@ -115,11 +125,17 @@ class ReplayEvaluator:
         if self._pending is not None:
             raise RuntimeError("ReplayEvaluator.submit: the previous outcome was not taken (wait())")
         self._pending = self.outcome(build.config, shape)
+        self._ready = time.monotonic() + self.pace
         self.evaluations += 1
 
     def wait(self, block_for: float | None = None) -> EvalOutcome | None:
         if self._pending is None:
             raise RuntimeError("ReplayEvaluator.wait: nothing was submitted")
+        left = self._ready - time.monotonic()
+        if left > 0:
+            time.sleep(left if block_for is None else min(left, block_for))
+            if time.monotonic() < self._ready:
+                return None
         outcome, self._pending = self._pending, None
         return outcome
 

@@ -131,6 +131,10 @@ def load_view(study: optuna.Study) -> StudyView:
 def record_from_trial(trial: optuna.trial.FrozenTrial, problem: space.Problem | None = None) -> TrialRecord:
     ua = trial.user_attrs
     status = str(ua.get("status") or _STATE_STATUS.get(trial.state, trial.state.name.lower()))
+    if trial.state == TrialState.FAIL:
+        # A trial killed half-way through its tell keeps some verdict attrs (status=complete, tflops): its
+        # result was lost, so it is shown by its state, never as a measurement.
+        status = _STATE_STATUS[TrialState.FAIL]
     tflops = None
     if status == "complete":
         # The contract makes the trial's value the TFLOPS; the attr is the fallback for hand-told trials.

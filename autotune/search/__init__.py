@@ -16,5 +16,6 @@ Public names: loop.run_search, run_trials, run_worker, open_session, queue_first
 options.SearchOptions, SearchResult, SearchInterrupted, DEFAULT_TRIALS, DEFAULT_EVAL_TIMEOUT;
 study.StudyMemory, open_study, StudyMismatchError; verdicts.Outcome, tell; sampling.SearchSpace, make_sampler,
 SAMPLERS; progress.format_result; campaign.run, plan; sampler_comparison.compare, simulate;
-distributed.run_workers, WorkerRole, GpuLock, SqliteWorkersError; coordination.Solo, Shared.
+distributed.run_workers, WorkerRole, GpuLock, SqliteWorkersError; coordination.Solo, Shared, StudyLock,
+StudyBusyError, retrying_storage.
 """

@@ -2,7 +2,7 @@
 
 The storage decides the mode (docs/distributed.md says why):
 
-* **Solo** — SQLite. One search process per study. Trials found RUNNING when a run starts were left by a run
+* **Solo** — SQLite. One search process per study, enforced by StudyLock (a second one is refused). Trials found RUNNING when a run starts were left by a run
   that died (kill -9, power): they are failed at once and re-queued once. No heartbeat, no claims: the
   search's in-process memory (study.StudyMemory) already keeps a config from being timed twice.
 
@@ -30,12 +30,17 @@ only, which RDBStorage supports from any thread (it is what Optuna's own heartbe
 """
 from __future__ import annotations
 
+import fcntl
+import os
+import re
+import socket
 import threading
 import time
 import warnings
 from dataclasses import dataclass
 from typing import Callable
 
+from ..store import transient
 from ..store.claims import Claims
 
 from . import study as studies
@@ -93,7 +98,8 @@ class _OnStale:
 
 
 def make_storage(url: str, heartbeat: int = DEFAULT_HEARTBEAT, grace: int = DEFAULT_GRACE):
-    """Optuna's RDBStorage for `url`; for a shared storage with heartbeats and the retry callback."""
+    """Optuna's RDBStorage for `url`; for a shared storage with heartbeats, the retry callback, and transient
+    errors (a server restart) retried (retrying_storage)."""
     import inspect
 
     import optuna
@@ -105,8 +111,101 @@ def make_storage(url: str, heartbeat: int = DEFAULT_HEARTBEAT, grace: int = DEFA
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         # pool_pre_ping: a long search outlives server restarts and idle-connection reapers
-        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, heartbeat_interval=heartbeat,
-                                          grace_period=grace, **{name: _OnStale()})
+        kwargs = dict(engine_kwargs={"pool_pre_ping": True}, heartbeat_interval=heartbeat, grace_period=grace,
+                      **{name: _OnStale()})
+        for attempt in range(5):
+            try:
+                return transient.call(retrying_storage(), url, **kwargs)
+            except Exception as e:  # noqa: BLE001  (one race is retried, the rest raised)
+                # Launchers on several hosts starting on a fresh database create Optuna's tables at the same
+                # moment; the losers' CREATE fails ("already exists"), and the next try finds them made.
+                if attempt == 4 or not _created_meanwhile(e):
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+
+
+def _created_meanwhile(error: BaseException) -> bool:
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
+    return isinstance(error, (IntegrityError, ProgrammingError)) and "already exists" in str(error)
+
+
+# The storage operations the search uses, retried through a server restart (store/transient.py). Reads and
+# idempotent writes are simply repeated; set_trial_state_values is handled apart (a tell may have been committed
+# just before its connection broke).
+_RETRIED = ("create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
+            "get_study_id_from_name", "get_study_name_from_id", "get_study_directions", "get_study_user_attrs",
+            "get_study_system_attrs", "get_all_studies", "create_new_trial", "set_trial_param",
+            "get_trial_id_from_study_id_trial_number", "get_trial_number_from_id", "get_trial_param",
+            "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr", "get_trial",
+            "get_all_trials", "get_n_trials", "get_best_trial", "get_trial_params", "get_trial_user_attrs",
+            "get_trial_system_attrs", "record_heartbeat", "_get_stale_trial_ids")
+_retrying_class = None
+
+
+def retrying_storage():
+    """RDBStorage whose operations are retried while the server is away (a restart, a dropped connection) for
+    store.transient.retry_seconds(), with a note on the process's log (`storage.log`, set by Shared).
+
+    Residual window: a trial created (ask) or popped from the queue whose commit reached the server just before
+    the connection broke is created again (or the next queued trial popped) by the retry; the first stays RUNNING
+    without a heartbeat, like the one in the module docstring's residual window, and holds no config."""
+    global _retrying_class
+    if _retrying_class is not None:
+        return _retrying_class
+    import functools
+
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.storages import RDBStorage
+
+    def retried(name):
+        plain = getattr(RDBStorage, name)
+
+        @functools.wraps(plain)
+        def method(self, *args, **kwargs):
+            return self._retry(plain, self, *args, **kwargs)
+        return method
+
+    class RetryingRDBStorage(RDBStorage):
+        log: Callable[[str], None] | None = None
+
+        def _retry(self, fn, *args, **kwargs):
+            outage = {}
+
+            def note(error, left):
+                if not outage and self.log is not None:
+                    self.log(f"note: the storage is unreachable ({transient.first_line(error)}) in {fn.__name__}; "
+                             f"retrying for up to {left:.0f} s")
+                outage.setdefault("since", time.monotonic())
+
+            result = transient.call(fn, *args, reset=lambda: reset_connections(self), on_retry=note, **kwargs)
+            if outage and self.log is not None:
+                self.log(f"note: the storage is back after {time.monotonic() - outage['since']:.1f} s")
+            return result
+
+        def set_trial_state_values(self, trial_id, state, values=None):
+            tries = []
+
+            def attempt():
+                tries.append(1)
+                try:
+                    return RDBStorage.set_trial_state_values(self, trial_id, state, values)
+                except UpdateFinishedTrialError:
+                    if len(tries) == 1:
+                        raise
+                    # An earlier try broke after its commit: the trial holds what this call wrote, so it is done.
+                    t = RDBStorage.get_trial(self, trial_id)
+                    if t.state == state and (values is None or list(t.values or ()) == list(values)):
+                        return True
+                    raise
+            attempt.__name__ = "set_trial_state_values"
+            return self._retry(attempt)
+
+    for name in _RETRIED:
+        if hasattr(RDBStorage, name):
+            setattr(RetryingRDBStorage, name, retried(name))
+    _retrying_class = RetryingRDBStorage
+    return RetryingRDBStorage
 
 
 def reset_connections(rdb) -> None:
@@ -125,6 +224,59 @@ def reset_connections(rdb) -> None:
             engine.dispose()
     except Exception:  # noqa: BLE001  (a connection that cannot even be closed: the new pool does not need it)
         pass
+
+
+# -- SQLite: one search process per study ---------------------------------------------------------------------
+
+class StudyBusyError(ValueError):
+    """Another search process holds this SQLite study (StudyLock)."""
+
+
+class StudyLock:
+    """A SQLite study's one search process, enforced: an exclusive flock on a file beside the database, taken
+    before the study is touched and held until the search ends. The kernel drops it when its holder dies (kill
+    -9, power), so a crashed run never blocks the next one, and that next run may fail the dead run's RUNNING
+    trials (Solo.start) knowing nobody is finishing them. Without it, two searches on one SQLite study time
+    configs twice, overshoot the budget, fail each other's live trials as a dead run's and crash on "database is
+    locked"."""
+
+    def __init__(self, url: str, study_name: str):
+        from ..store.storage_url import describe, sqlite_path
+
+        db = sqlite_path(url).expanduser().resolve()
+        safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", study_name)
+        self.path = db.parent / f".{db.name}.{safe}.lock"  # hidden, next to the file it guards
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StudyBusyError(
+                f"study {study_name} in {describe(url)} is being searched by another process ({holder}); a SQLite "
+                "study serves one search process. Wait for it to end, or search with several processes on a "
+                "PostgreSQL server: --storage postgresql://USER@HOST/autotune (docs/distributed.md)") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)  # closing drops the flock; the file stays (deleting it would race with a new holder)
+
+
+def lock_study(url: str, study_name: str) -> StudyLock | None:
+    """The SQLite study's StudyLock; None where several processes are allowed (server storages) or impossible
+    (an in-memory database)."""
+    from ..store.storage_url import sqlite_path
+
+    if is_shared(url) or sqlite_path(url) is None:
+        return None
+    return StudyLock(url, study_name)
 
 
 # -- heartbeat ------------------------------------------------------------------------------------------------
@@ -219,7 +371,10 @@ class Shared:
         on_stale = getattr(rdb, "heartbeat_stale_trial_callback", None) or getattr(rdb, "failed_trial_callback", None)
         if isinstance(on_stale, _OnStale):
             on_stale.log = log
-        self.claims = Claims(url)
+        if hasattr(rdb, "_retry"):  # retrying_storage: its notes go where this process's lines go
+            rdb.log = log
+        self.claims = Claims(url, on_retry=lambda error, left: log(
+            f"note: the claims table is unreachable ({transient.first_line(error)}); retrying for up to {left:.0f} s"))
         self.heart = Heartbeat(rdb, rdb.heartbeat_interval)
         self.running_elsewhere = 0   # distinct unjudged configs in RUNNING trials of other processes
         self.waiting = 0             # WAITING trials (queued, e.g. retries of dead processes' trials)
@@ -308,5 +463,6 @@ def for_storage(rdb, url: str, log: Callable[[str], None] = print):
     return Shared(rdb, url, log) if is_shared(url) else Solo(rdb, log)
 
 
-__all__ = ["DEFAULT_GRACE", "DEFAULT_HEARTBEAT", "Heartbeat", "MINE", "REFRESH_SECONDS", "Shared", "Solo", "Verdict",
-           "for_storage", "is_shared", "make_storage", "reset_connections"]
+__all__ = ["DEFAULT_GRACE", "DEFAULT_HEARTBEAT", "Heartbeat", "MINE", "REFRESH_SECONDS", "Shared", "Solo",
+           "StudyBusyError", "StudyLock", "Verdict", "for_storage", "is_shared", "lock_study", "make_storage",
+           "reset_connections", "retrying_storage"]

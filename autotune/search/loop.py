@@ -100,8 +100,7 @@ def _search(options: SearchOptions, builder, evaluator, store, log: Callable[[st
             f"{time.monotonic() - finale_started:.1f} s; {result.wall_seconds:.1f} s in all")
         return result
     finally:
-        if session.own_evaluator:
-            session.evaluator.close()
+        session.close()
 
 
 def _trials_here(session: Session, options: SearchOptions, store, log: Callable[[str], None]) -> SearchResult:
@@ -152,8 +151,7 @@ def run_worker(options: SearchOptions, role: distributed.WorkerRole, log: Callab
             raise SearchInterrupted(result)
         return result
     finally:
-        if session.own_evaluator:
-            session.evaluator.close()
+        session.close()
 
 
 # -- opening the study -----------------------------------------------------------------------------------------
@@ -175,12 +173,20 @@ class Session:
     storage: object  # optuna RDBStorage (coordination.make_storage)
     study: object
     device_info: dict = field(default_factory=dict)  # the evaluator's answer (or the launcher's, in a worker)
+    lock: object = None  # coordination.StudyLock of a SQLite study, held until the search ends
+
+    def close(self) -> None:
+        if self.own_evaluator:
+            self.evaluator.close()
+        if self.lock is not None:
+            self.lock.release()
 
 
 def open_session(options: SearchOptions, url: str, *, builder=None, evaluator=None, log=print,
                  worker=None) -> Session:
     """The evaluator's device, the arch, the builder, and the study (created or loaded, attrs checked)."""
     own_evaluator = evaluator is None
+    lock = None
     evaluator = evaluator or Evaluator(options.evaluator, timeout=options.eval_timeout)
     try:
         handed_down = worker.device_info if worker is not None else None
@@ -201,6 +207,8 @@ def open_session(options: SearchOptions, url: str, *, builder=None, evaluator=No
         if options.replay is not None and not options.study_name:
             name = f"replay-{name}"  # never the name of the real study recorded on that GPU
         seed = options.seed
+        # SQLite: refuse a second search process on this study before touching it (coordination.StudyLock)
+        lock = peers.lock_study(url, name) if worker is None else None
         storage = peers.make_storage(url, options.heartbeat, options.grace)
         study = studies.open_study(name, storage, make_sampler(options.sampler, seed), options.shape, arch, gpu_name,
                                    prov, log=log)
@@ -212,10 +220,12 @@ def open_session(options: SearchOptions, url: str, *, builder=None, evaluator=No
     except BaseException:
         if own_evaluator:
             evaluator.close()
+        if lock is not None:
+            lock.release()
         raise
     count = info.get("device_count")
     return Session(url, evaluator, own_evaluator, gpu_name, arch, count if isinstance(count, int) else None, builder,
-                   prov, search_space, name, storage, study, info)
+                   prov, search_space, name, storage, study, info, lock)
 
 
 def queue_first(session: Session, memory, options: SearchOptions, store, log) -> None:
@@ -539,6 +549,11 @@ def plug_replay(options: SearchOptions, builder, evaluator, store):
         ls = landscape_file.load(ls)
     if options.shape != ls.shape:
         raise ValueError(f"--replay {ls.path or ls.name}: recorded for shape {ls.shape.key}, not {options.shape.key}")
+    if options.workers > 1 and not options.storage:
+        # The launcher and its workers are separate processes: they meet only in a server database.
+        raise ValueError(f"--replay with --workers {options.workers}: the workers need a study they can share; pass "
+                         "--storage postgresql://USER@HOST/DB (a replay's own storage is in memory, one process's), "
+                         "or leave --workers out")
     families = options.families or ls.families
     outside = [f for f in families if f not in ls.families]
     if outside:

@@ -136,17 +136,21 @@ def status_counts(study) -> Counter:
     """Finished trials by status. Repeats of a config already judged count as `repeated` (they ran nothing);
     trials abandoned before being judged (interrupt, --timeout) as `cancelled`; trials skipped because another
     process was evaluating the same config as `deferred`; trials of a process that died (failed by the
-    heartbeat check, so nobody could give a reason) as `died`."""
+    heartbeat check, so nobody could give a reason) as `died`.
+
+    A FAIL trial is judged by its state and by how it was failed, never by the verdict attrs it may carry: a
+    process killed half-way through telling a trial leaves some of them (status=complete, tflops, duplicate_of)
+    on a trial that the heartbeat check or the next SQLite run then fails; it died, and its result was lost."""
     counts: Counter = Counter()
     for t in study.get_trials(deepcopy=False):
         if not t.state.is_finished():
             continue
-        if trial_mod.DUPLICATE_OF in t.user_attrs:
-            counts["repeated"] += 1
-        elif t.state.name == "FAIL":
+        if t.state.name == "FAIL":
             attrs, reason = t.user_attrs, t.user_attrs.get("reason") or ""
             counts["deferred" if trial_mod.RUNNING_IN in attrs else
-                   "died" if not reason or reason.startswith("died:") else "cancelled"] += 1
+                   "cancelled" if reason.startswith(trial_mod.ABANDONED_REASONS) else "died"] += 1
+        elif trial_mod.DUPLICATE_OF in t.user_attrs:
+            counts["repeated"] += 1
         else:
             counts[t.user_attrs.get("status") or t.state.name.lower()] += 1
     return counts

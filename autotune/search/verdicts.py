@@ -41,6 +41,9 @@ SAME_CUBIN_AS = "same_cubin_as"   # different config, identical cubin and launch
 RUNNING_IN = "running_in"
 # On a trial re-recorded because the process's own trial was failed under it (missed heartbeats): the lost number.
 LATE_FOR = "late_for"
+# How the reasons of trials failed on purpose begin (abandon's callers: Ctrl-C, --timeout); any other FAIL trial
+# without RUNNING_IN died (study.status_counts).
+ABANDONED_REASONS = ("interrupted", "cancelled")
 # How far from feasible each failure is (positive = infeasible). When few trials succeed, TPE's "good" group
 # is filled from the least infeasible: a spilling kernel is nearer to a good one than a config that crashed.
 SEVERITY = {"complete": 0.0, "spilled": 1.0, "wrong": 2.0, "compile_error": 3.0, "crashed": 4.0, "timeout": 4.0,
@@ -226,7 +229,8 @@ def defer(study, trial, config: Config, owner: int | None) -> None:
 
 def abandon(study, trial, reason: str) -> None:  # trial: optuna Trial or trial number
     """Finish a trial that was asked but never judged (interrupt, --timeout): FAIL, so no sampler learns
-    from it and a later run does not count it; its config may be proposed again.
+    from it and a later run does not count it; its config may be proposed again. `reason` begins with one of
+    ABANDONED_REASONS (or study.DIED_REASON's "died:"), which is how the summary tells the two apart.
 
     The state matters more than the reason: a failed write of the reason (e.g. the first write on a connection
     that an interrupt left in the middle of a query) does not skip the state, and the state is written twice
@@ -250,6 +254,6 @@ def abandon(study, trial, reason: str) -> None:  # trial: optuna Trial or trial 
                 return  # the storage is gone while shutting down; the heartbeat check fails it later
 
 
-__all__ = ["CONSTRAINT_ATTR", "DUPLICATE_OF", "LATE_FOR", "Outcome", "RUNNING_IN", "SAME_CUBIN_AS", "STATUSES",
+__all__ = ["ABANDONED_REASONS", "CONSTRAINT_ATTR", "DUPLICATE_OF", "LATE_FOR", "Outcome", "RUNNING_IN", "SAME_CUBIN_AS", "STATUSES",
            "USER_ATTRS", "abandon", "after_build", "after_eval", "build_attrs", "config_attrs", "defer",
            "from_trial", "invalid", "reused", "tell"]

@@ -2,8 +2,8 @@
 
 Owns: storage URLs (storage_url.py: argument → $AUTOTUNE_STORAGE → studies/autotune.db, the checkout root, the
 GPU's short name in file and study names), the best-configuration-per-shape table with its export/import
-format and the distance between shapes that nearest-neighbour lookups use (best_table.py: BestStore), and the
-claims table of shared storages (claims.py). Optuna's own tables are Optuna's; the search opens studies.
+format and the distance between shapes that nearest-neighbour lookups use (best_table.py: BestStore), the
+claims table of shared storages (claims.py), and which storage errors pass and are retried (transient.py). Optuna's own tables are Optuna's; the search opens studies.
 
 May import: space/ only. Nothing else of autotune.
 
@@ -14,5 +14,6 @@ best_table.row_problem, and a bad row costs that row only.
 
 Public names: storage_url.resolve_storage_url, prepare, describe, default_root, gpu_slug, gpu_matches,
 StorageError; best_table.BestStore, BestEntry, RecordResult, StoreError, ExportRows, read_export, row_problem,
-row_matches, parse_config_key, write_atomically, open_store, shape_distance; claims.Claims, Owner.
+row_matches, parse_config_key, write_atomically, open_store, shape_distance; claims.Claims, Owner;
+transient.call, is_transient, retry_seconds (storage calls retried through a server restart).
 """

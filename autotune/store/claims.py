@@ -8,6 +8,9 @@ winner's trial and reuses its result (finished), skips the config (still running
 that trial failed (a worker killed, a run interrupted), with an UPDATE conditioned on the old owner so that
 only one taker succeeds.
 
+A server restart or a dropped connection is retried (transient.py): `claim` and `take_over` are safe to repeat
+(a claim whose INSERT was committed just before its connection broke reads back as this trial's own claim).
+
 Rows are never deleted: a claim ends up naming the trial whose result stands for that config. The table sits
 next to Optuna's and autotune_best in the same database, with its own SQLAlchemy metadata (creating it never
 touches Optuna's tables). Only shared (server) storages use it; a SQLite study has one process by policy
@@ -23,6 +26,8 @@ from dataclasses import dataclass
 from sqlalchemy import DateTime, Integer, MetaData, String, UniqueConstraint, create_engine, inspect, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from . import transient
 
 TABLE = "autotune_claims"
 
@@ -61,9 +66,19 @@ def _now() -> dt.datetime:
 class Claims:
     """The claims of one storage URL. `claim` and `take_over` are the verbs; both are single transactions."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, on_retry=None):
         self.engine = create_engine(url, pool_size=2, max_overflow=2, pool_pre_ping=True)
-        self.ensure_table()
+        self._on_retry = on_retry  # (error, seconds left): told once per operation that had to be retried
+        self._retried(self.ensure_table)
+
+    def _retried(self, fn, *args):
+        told = []
+
+        def note(error, left):
+            if not told and self._on_retry is not None:
+                self._on_retry(error, left)
+            told.append(1)
+        return transient.call(fn, *args, reset=self.engine.dispose, on_retry=note)
 
     def ensure_table(self) -> None:
         try:
@@ -78,6 +93,9 @@ class Claims:
 
     def claim(self, study_id: int, config_key: str, trial_id: int, trial_number: int) -> Owner | None:
         """Claim the config for this trial: None when it is ours now, else the current owner."""
+        return self._retried(self._claim, study_id, config_key, trial_id, trial_number)
+
+    def _claim(self, study_id: int, config_key: str, trial_id: int, trial_number: int) -> Owner | None:
         try:
             with Session(self.engine) as s, s.begin():
                 s.add(_ClaimRow(study_id=study_id, config_key=config_key, trial_id=trial_id,
@@ -90,7 +108,11 @@ class Claims:
             return Owner(row.trial_id, row.trial_number, row.owner)
 
     def take_over(self, study_id: int, config_key: str, previous: Owner, trial_id: int, trial_number: int) -> bool:
-        """Move the claim from `previous` (whose trial failed) to this trial; False if someone else did first."""
+        """Move the claim from `previous` (whose trial failed) to this trial; False if someone else did first (or
+        this trial did, in a try whose connection broke after the commit: the caller's next claim reads it back)."""
+        return self._retried(self._take_over, study_id, config_key, previous, trial_id, trial_number)
+
+    def _take_over(self, study_id: int, config_key: str, previous: Owner, trial_id: int, trial_number: int) -> bool:
         with Session(self.engine) as s, s.begin():
             done = s.execute(update(_ClaimRow)
                              .where(_ClaimRow.study_id == study_id, _ClaimRow.config_key == config_key,

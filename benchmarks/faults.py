@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Fault drill (issue 12): kill searches, restart their database, run two on one SQLite study, then count what was
+lost. CPU only: every search replays a recorded landscape (studies/landscapes/, each evaluation paced by
+$AUTOTUNE_REPLAY_SECONDS so faults land mid-trial); PostgreSQL is a throwaway cluster on 127.0.0.1
+(tests/pg_server.py), deleted at the end.
+
+    python3 benchmarks/faults.py                 # the table in docs/distributed.md (a few minutes on 2 cores)
+    python3 benchmarks/faults.py --kills 5       # quicker
+
+Faults:
+  sigkill     --kills single searches on one SQLite study, each SIGKILLed at a random moment (seeded: a quarter
+              while starting, the rest 0-3 s after the study is opened), then the same command run to the end;
+  3 procs     three searches on one PostgreSQL study at once, one SIGKILLed mid-search; the other two finish;
+  restart     a --workers 2 search on PostgreSQL while the server restarts (pg_ctl -m fast restart);
+  sqlite x2   two searches started at once on one SQLite study: one must be refused up front.
+
+Columns: trials completed (COMPLETE trials in the study at the end, reuses of a result and retries included); trials lost (COMPLETE trials seen before a fault
+that are not COMPLETE with the same value after it, plus trials that died holding a config which was neither
+re-queued nor judged later); configs timed twice (configs judged by more than one trial of their own, i.e. not
+reusing another's result); trials left RUNNING. The last three must be 0; the script exits 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the throwaway server of the tests
+sys.path.insert(0, str(ROOT))
+
+from pg_server import PgServer, find_bin  # noqa: E402
+
+LANDSCAPE = ROOT / "studies" / "landscapes" / "h200-b4-h16-n4096-d128-fp16-full-wgmma.json"
+KILL_BUDGET = 40  # evaluated trials of the SIGKILL study (of the landscape's 252 valid configs)
+GRACE = 3  # seconds without heartbeats before a killed process's trials are failed and re-queued
+
+
+def search(storage: str, study: str, trials: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "autotune.cli", "search", "--replay", str(LANDSCAPE), "--storage", storage,
+            "--study", study, "--trials", str(trials), "--sampler", "random", "--retime", "1", "--heartbeat", "1",
+            "--grace", str(GRACE), *extra]
+
+
+class Drill:
+    def __init__(self, work: Path, pace: float):
+        self.work = work
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOTUNE_REPLAY_SECONDS": str(pace),
+                    "AUTOTUNE_LOCK_DIR": str(work / "locks"), "PYTHONUNBUFFERED": "1"}
+        self.runs = 0
+        self.procs: list[subprocess.Popen] = []
+
+    def kill_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+    def start(self, argv: list[str]) -> subprocess.Popen:
+        self.runs += 1
+        out = open(self.work / f"run-{self.runs}.log", "w")
+        p = subprocess.Popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        p.log = out.name
+        self.procs.append(p)
+        return p
+
+    def finish(self, p: subprocess.Popen, timeout: float = 600, ok=(0,)) -> int:
+        p.wait(timeout)
+        if p.returncode not in ok:
+            print(Path(p.log).read_text()[-3000:], file=sys.stderr)
+            raise SystemExit(f"faults.py: a search ended with exit {p.returncode} (log above: {p.log})")
+        return p.returncode
+
+
+def trials(storage: str, study: str) -> list:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
+    except KeyError:  # not created yet
+        return []
+
+
+def complete(storage: str, study: str) -> dict:
+    return {t.number: t.value for t in trials(storage, study) if t.state.name == "COMPLETE"}
+
+
+def wait_complete(storage: str, study: str, n: int, proc, timeout: float = 300) -> None:
+    end = time.monotonic() + timeout
+    while len(complete(storage, study)) < n:
+        if proc.poll() is not None or time.monotonic() > end:
+            raise SystemExit(f"faults.py: the search ended or stalled before {n} trials completed ({proc.log})")
+        time.sleep(0.2)
+
+
+def tally(fault: str, storage: str, study: str, seen: dict, note: str = "") -> dict:
+    """The row of the table for one study; `seen`: COMPLETE trials (number → value) observed before faults."""
+    ts = trials(storage, study)
+    by_number = {t.number: t for t in ts}
+    lost = sum(1 for n, v in seen.items() if by_number[n].state.name != "COMPLETE" or by_number[n].value != v)
+    key = lambda t: tuple(sorted(t.params.items()))  # noqa: E731
+    judged = [t for t in ts if t.state.name in ("COMPLETE", "PRUNED")]
+    retried = {t.system_attrs.get("failed_trial") for t in ts}
+    judged_keys = {key(t) for t in judged}
+    for t in ts:  # died holding a config: it must have come back (re-queued) or been judged anyway
+        if t.state.name == "FAIL" and t.params and "running_in" not in t.user_attrs \
+                and not (t.user_attrs.get("reason") or "").startswith(("interrupted", "cancelled")):
+            lost += t.number not in retried and key(t) not in judged_keys
+    originals = Counter(key(t) for t in judged if t.user_attrs.get("status") not in (None, "invalid")
+                        and "duplicate_of" not in t.user_attrs and "same_cubin_as" not in t.user_attrs)
+    return {"fault": fault, "completed": sum(t.state.name == "COMPLETE" for t in ts), "lost": lost,
+            "twice": sum(n > 1 for n in originals.values()), "running": sum(t.state.name == "RUNNING" for t in ts),
+            "note": note}
+
+
+def sigkills(drill: Drill, work: Path, kills: int, rng: random.Random) -> dict:
+    url = f"sqlite:///{work / 'kills.db'}"
+    seen: dict = {}
+    moments = []
+    for _ in range(kills):
+        p = drill.start(search(url, "kills", KILL_BUDGET))
+        if rng.random() < 0.25:  # while starting: imports, opening the study, failing the last run's trials
+            moment = rng.uniform(0.2, 3.0)
+        else:  # mid-search: asking, evaluating, telling (a Python start takes seconds on a loaded machine)
+            while p.poll() is None and "study kills:" not in Path(p.log).read_text():
+                time.sleep(0.05)
+            moment = rng.uniform(0.0, 3.0)
+        try:
+            p.wait(moment)
+        except subprocess.TimeoutExpired:
+            seen.update(complete(url, "kills"))
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            moments.append(moment)
+    before = len(seen)
+    drill.finish(drill.start(search(url, "kills", KILL_BUDGET)))  # the same command again, to the end
+    return tally(f"{kills} × SIGKILL, single search (SQLite)", url, "kills", seen,
+                 f"{len(moments)} killed (a quarter while starting, the rest 0–3 s into the search); "
+                 f"{before} trials completed before the last kill")
+
+
+def three_processes(drill: Drill, pg: PgServer) -> dict:
+    url = pg.create_database()
+    procs = [drill.start(search(url, "three", 30, "--seed", str(i))) for i in range(3)]
+    wait_complete(url, "three", 5, procs[0])
+    seen = complete(url, "three")
+    os.killpg(procs[1].pid, signal.SIGKILL)
+    procs[1].wait()
+    for p in (procs[0], procs[2]):
+        drill.finish(p)
+    died = sum(1 for t in trials(url, "three") if t.system_attrs.get("failed_trial") is not None)
+    return tally("3 processes on one PostgreSQL study, 1 SIGKILLed", url, "three", seen,
+                 f"{died} trial(s) of the killed one re-queued by the others")
+
+
+def restart(drill: Drill, pg: PgServer) -> dict:
+    url = pg.create_database()
+    p = drill.start(search(url, "restart", 30, "--workers", "2"))
+    wait_complete(url, "restart", 5, p)
+    seen = complete(url, "restart")
+    t0 = time.monotonic()
+    # -l: the restarted server must not inherit our pipes (pg_ctl would never return)
+    r = pg._run(pg.pg_ctl, "-D", str(pg.data), "-l", str(pg.log), "-m", "fast", "-w", "-t", "60", "restart")
+    if r.returncode:
+        raise SystemExit(f"faults.py: pg_ctl restart failed:\n{r.stdout}\n{r.stderr}")
+    down = time.monotonic() - t0
+    drill.finish(p)
+    notes = sum("storage is unreachable" in line for line in Path(p.log).read_text().splitlines())
+    return tally("PostgreSQL restart mid-search (--workers 2)", url, "restart", seen,
+                 f"pg_ctl -m fast restart took {down:.1f} s; {notes} operation(s) retried; exit 0")
+
+
+def two_sqlite(drill: Drill, work: Path) -> dict:
+    url = f"sqlite:///{work / 'two.db'}"
+    procs = [drill.start(search(url, "two", 20, "--seed", str(i))) for i in range(2)]
+    codes = sorted(drill.finish(p, ok=(0, 2)) for p in procs)
+    if codes != [0, 2]:
+        raise SystemExit(f"faults.py: two searches on one SQLite study ended {codes}, expected one refused (2)")
+    refused = next(p for p in procs if p.returncode == 2)
+    why = Path(refused.log).read_text().strip().splitlines()[-1]
+    assert "being searched by another process" in why, why
+    return tally("2 processes on one SQLite study", url, "two", {}, "the second refused up front (exit 2)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kills", type=int, default=20, help="SIGKILLed single searches (default 20)")
+    ap.add_argument("--seed", type=int, default=0, help="seeds the kill moments (default 0)")
+    ap.add_argument("--pace", type=float, default=0.2, help="seconds per replayed evaluation (default 0.2)")
+    args = ap.parse_args()
+    initdb, pg_ctl = find_bin("initdb"), find_bin("pg_ctl")
+    if not initdb or not pg_ctl:
+        print("faults.py: PostgreSQL's initdb/pg_ctl not found (apt-get install postgresql)", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="autotune-faults-"))
+    drill = Drill(work, args.pace)
+    pg = PgServer(initdb, pg_ctl)
+    pg.start()
+    try:
+        rows = [sigkills(drill, work, args.kills, random.Random(args.seed)), three_processes(drill, pg),
+                restart(drill, pg), two_sqlite(drill, work)]
+    finally:
+        drill.kill_all()  # a drill that failed half-way leaves no search running
+        pg.stop()
+    print(f"| fault | trials completed | trials lost | configs timed twice | trials left RUNNING | notes |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['fault']} | {r['completed']} | {r['lost']} | {r['twice']} | {r['running']} | {r['note']} |")
+    print(f"\n{drill.runs} search processes, {time.monotonic() - started:.0f} s; logs in {work}")
+    return 1 if any(r["lost"] or r["twice"] or r["running"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
