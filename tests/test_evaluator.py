@@ -166,7 +166,8 @@ def test_evaluator_runs_the_injected_function_in_the_child_and_survives_a_crash(
     bad = good.replace(bc=128)
     plan.write_text(json.dumps({bad.key: "crash"}))
     with Evaluator("search_doubles:evaluate", timeout=30) as ev:
-        assert ev.device_info() == {"gpu_name": search_doubles.GPU_NAME, "arch": "sm_80", "device_count": 1}
+        assert ev.device_info() == {"gpu_name": search_doubles.GPU_NAME, "arch": "sm_80", "device_count": 1,
+                                    "gpu_names": [search_doubles.GPU_NAME], "archs": ["sm_80"]}
         first = ev.evaluate(_FakeBuild(good, cubin), SHAPE)
         assert first.status == "complete" and first.tflops == search_doubles.fake_tflops(good)
         crashed = ev.evaluate(_FakeBuild(bad, cubin), SHAPE)
