@@ -10,7 +10,7 @@ the heuristic default; the config that ran is printed under the table), SDPA's f
 cuDNN backends, and FlashAttention-4 (flash_attn.cute; its SM90 path is the FlashAttention-3 design) where it
 imports. Each kernel runs on its own layout: ours and SDPA on (B, H, N, D), FlashAttention-4 on (B, N, H, D).
 Every output is checked against torch SDPA on the same inputs before anything is timed; every time is
-autotune.timing.bench's median (L2 flushed before each repetition, CUDA events). TFLOPS = 4·B·H·N²·D / time,
+autotune.measure.timing.bench's median (L2 flushed before each repetition, CUDA events). TFLOPS = 4·B·H·N²·D / time,
 halved for causal; "ours / best" is against the fastest peer of the row.
 
 Output: a markdown table (printed last) and OUT/peers.json.

@@ -46,7 +46,7 @@ def test_the_cases_cover_every_arch_family_and_problem():
 def test_spill_failures_names_a_spilled_build():
     # the check below is only as good as this reading of a BuildResult: a spilled report must be reported
     from autotune.build.builder import BuildResult
-    from autotune.ptxas import BuildReport
+    from autotune.build.ptxas import BuildReport
 
     arch, problem = space.get_arch("sm_80"), PROBLEMS[0]
     config = space.default_config(problem, arch)
