@@ -51,13 +51,18 @@ STALL_REASONS = ("barrier", "branch_resolving", "dispatch_stall", "drain", "imc_
 METRIC_ARG_EXPLICIT = ",".join([m for _, m in METRICS] + [f"{STALL_PREFIX}{r}{STALL_SUFFIX}" for r in STALL_REASONS])
 
 
-def profile(shape_key: str) -> None:
+def profile(shape_key: str, ours_only: bool = False) -> None:
     import torch
 
     import autotune
     from autotune.measure.check import make_inputs
-    from flash_attn.cute import flash_attn_func
     from peers_table import parse_shape
+
+    if ours_only:
+        def flash_attn_func(*args, **kwargs):  # noqa: ARG001 - stands in for FA4 when it is not profiled
+            return None
+    else:
+        from flash_attn.cute import flash_attn_func
 
     shape = parse_shape(shape_key)
     q, k, v = make_inputs(shape, "bhnd", seed=1)
@@ -128,13 +133,14 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("profile")
     p.add_argument("--shape", default="b4-h16-n4096-d128-fp16-full")
+    p.add_argument("--ours-only", action="store_true", help="profile only our kernel (FlashAttention-4 not needed)")
     t = sub.add_parser("table")
     t.add_argument("raw_csv", type=Path)
     m = sub.add_parser("metrics", help="print the --metrics argument for ncu")
     m.add_argument("--explicit", action="store_true", help="list the stall reasons instead of a regex")
     args = ap.parse_args(argv)
     if args.cmd == "profile":
-        profile(args.shape)
+        profile(args.shape, args.ours_only)
     elif args.cmd == "table":
         print(table(args.raw_csv))
     else:
