@@ -84,8 +84,8 @@ def test_a_shape_cut_by_the_budget_resumes_and_finished_shapes_are_skipped(env):
     assert [o.state for o in second.outcomes] == ["finished", "finished"]
     # S1 resumed: its judged trial stays; WIN, cancelled by the cut, is queued again and evaluated, then re-timed
     assert any("1 of 2 trials already evaluated" in line for line in lines), lines
-    assert f"campaign: {S1.key}: the configs the last run cancelled are queued again" in lines
     assert evaluated_trials(env, S1) == [DEFAULT.key, WIN.key]
+    assert f"campaign: {S1.key}: the configs the last run cancelled are queued again" in lines
     assert control.evaluated()[mark:mark + 2] == [WIN.key, WIN.key]
     rows = campaign_table.shape_rows(plans, second.gpu_name)
     assert [r.state for r in rows] == ["finished", "finished"] and rows[0].trials == 2
@@ -194,3 +194,33 @@ def test_the_h200_matrix_file():
     for s in shapes:
         assert space.is_valid(space.default_config(s.problem, space.get_arch("sm_90"), "wgmma"), s.problem,
                               space.get_arch("sm_90")), s.key
+
+
+def test_shipped_rows_warm_start_a_fresh_storage_and_the_storage_wins(tmp_path):
+    from autotune.search.warm_start import WarmStore, neighbour_configs
+    from autotune.store.best_table import BestEntry, BestStore
+
+    def entry(shape, config, tflops):
+        return BestEntry.for_shape(shape, search_doubles.GPU_NAME, ARCH.name, config, tflops, time_ms=1.0,
+                                   spread_ms=0.0, study="elsewhere", trial=0)
+
+    shipped = tmp_path / "shipped.json"
+    with BestStore(f"sqlite:///{tmp_path / 'old.db'}") as old:
+        old.record_best(entry(S1, WIN, 300.0))
+        old.record_best(entry(S2, RUNNER_UP, 300.0))
+        old.export_json(shipped)
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    store = WarmStore.open(url, [shipped])
+    try:
+        # the shipped row of the very shape comes first (distance 0), then the neighbour's
+        assert neighbour_configs(store, None, S1, search_doubles.GPU_NAME, ARCH, 2, log=lambda _: None) == [
+            WIN, RUNNER_UP]
+        store.record_best(entry(S1, DEFAULT, 200.0))  # the storage's own row of S1 replaces the shipped one
+        assert neighbour_configs(store, None, S1, search_doubles.GPU_NAME, ARCH, 2, log=lambda _: None) == [
+            DEFAULT, RUNNER_UP]
+    finally:
+        store.close()
+    assert len(BestStore(url).all_rows()) == 1  # storing never copies the shipped rows in
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="--warm-from: .*bad.json"):
+        WarmStore.open(url, [tmp_path / "bad.json"])
