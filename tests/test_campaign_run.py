@@ -224,3 +224,26 @@ def test_shipped_rows_warm_start_a_fresh_storage_and_the_storage_wins(tmp_path):
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ValueError, match="--warm-from: .*bad.json"):
         WarmStore.open(url, [tmp_path / "bad.json"])
+
+
+def test_export_merge_keeps_the_rows_of_shapes_the_campaign_did_not_tune(tmp_path, capsys):
+    from autotune.store.best_table import BestEntry, BestStore, read_export
+
+    def entry(shape, config, tflops):
+        return BestEntry.for_shape(shape, search_doubles.GPU_NAME, ARCH.name, config, tflops, time_ms=1.0,
+                                   spread_ms=0.0, study="s", trial=0)
+
+    table = tmp_path / "gpu.json"
+    with BestStore(f"sqlite:///{tmp_path / 'shipped.db'}") as shipped:
+        shipped.record_best(entry(S1, WIN, 300.0))
+        shipped.record_best(entry(S2, RUNNER_UP, 300.0))
+        shipped.export_json(table)
+    campaign_db = f"sqlite:///{tmp_path / 'campaign.db'}"
+    with BestStore(campaign_db) as retuned:
+        retuned.record_best(entry(S1, DEFAULT, 250.0))  # retuned today: slower figure, still the newer row
+    assert main(["export", str(table), "--merge", "--storage", campaign_db]) == 0
+    assert "wrote 2 row(s)" in capsys.readouterr().out
+    rows = {e.shape: e for e in read_export(table).entries}
+    assert rows[S1].config_key == DEFAULT.key and rows[S2].config_key == RUNNER_UP.key
+    assert main(["export", str(table), "--storage", campaign_db]) == 0  # without --merge: the storage's rows only
+    assert [e.shape for e in read_export(table).entries] == [S1]
