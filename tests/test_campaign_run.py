@@ -196,13 +196,17 @@ def test_the_h200_matrix_file():
                               space.get_arch("sm_90")), s.key
 
 
+def entry(shape, config, tflops):
+    """A best-per-shape row of the double's GPU."""
+    from autotune.store.best_table import BestEntry
+
+    return BestEntry.for_shape(shape, search_doubles.GPU_NAME, ARCH.name, config, tflops, time_ms=1.0,
+                               spread_ms=0.0, study="elsewhere", trial=0)
+
+
 def test_shipped_rows_warm_start_a_fresh_storage_and_the_storage_wins(tmp_path):
     from autotune.search.warm_start import WarmStore, neighbour_configs
-    from autotune.store.best_table import BestEntry, BestStore
-
-    def entry(shape, config, tflops):
-        return BestEntry.for_shape(shape, search_doubles.GPU_NAME, ARCH.name, config, tflops, time_ms=1.0,
-                                   spread_ms=0.0, study="elsewhere", trial=0)
+    from autotune.store.best_table import BestStore
 
     shipped = tmp_path / "shipped.json"
     with BestStore(f"sqlite:///{tmp_path / 'old.db'}") as old:
@@ -227,11 +231,7 @@ def test_shipped_rows_warm_start_a_fresh_storage_and_the_storage_wins(tmp_path):
 
 
 def test_export_merge_keeps_the_rows_of_shapes_the_campaign_did_not_tune(tmp_path, capsys):
-    from autotune.store.best_table import BestEntry, BestStore, read_export
-
-    def entry(shape, config, tflops):
-        return BestEntry.for_shape(shape, search_doubles.GPU_NAME, ARCH.name, config, tflops, time_ms=1.0,
-                                   spread_ms=0.0, study="s", trial=0)
+    from autotune.store.best_table import BestStore, read_export
 
     table = tmp_path / "gpu.json"
     with BestStore(f"sqlite:///{tmp_path / 'shipped.db'}") as shipped:
