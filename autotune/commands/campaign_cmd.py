@@ -129,8 +129,7 @@ def execute(plans: list, needs_gpu: bool, *, budget_s: float | None = None, rese
         after_shape = _snapshotter(urls, snapshot) if snapshot else None
         if warm_from and len(urls) > 1:
             raise ValueError(f"--warm-from: the shapes use {len(urls)} storages; give one --storage")
-        store = WarmStore.open(urls[0], warm_from) if warm_from else None
-    except ValueError as err:  # storage_url.StorageError, a bad budget, options that differ, a bad --warm-from
+    except ValueError as err:  # storage_url.StorageError, a bad budget, options that differ
         return _fail(str(err))
     if needs_gpu:
         from autotune.launch.gpu_arch import NoGpuError, detect_arch
@@ -140,6 +139,10 @@ def execute(plans: list, needs_gpu: bool, *, budget_s: float | None = None, rese
         except NoGpuError:
             return _fail("needs a CUDA GPU to time kernels, and none is visible (see `autotune space --compile` "
                          "for compile-only work)")
+    try:
+        store = WarmStore.open(urls[0], warm_from) if warm_from else None
+    except ValueError as err:  # a --warm-from file that is not an export
+        return _fail(str(err))
     code = 0
     try:
         done = campaign_run.run(plans, budget=budget, after_shape=after_shape, store=store)
