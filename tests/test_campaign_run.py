@@ -106,11 +106,18 @@ def test_the_budget_stops_the_run_before_a_shape_it_cannot_fit(env, capsys):
     common = ["--storage", env["url"], "--evaluator", "search_doubles:evaluate", "--arch", "sm_80",
               "--cache-dir", env["cache"], "--jobs", "2", "--sampler", "random"]
     # 25 s: less than the 20 s reserve + 10 s of trial loop that a shape needs, so nothing starts
-    assert main(["campaign", str(path), *common, "--budget-s", "25"]) == 1
+    snapshot, table = env["tmp"] / "snap.db", env["tmp"] / "table.md"
+    assert main(["campaign", str(path), *common, "--budget-s", "25", "--snapshot", str(snapshot),
+                 "--markdown", str(table)]) == 1
     out = capsys.readouterr().out
     assert "campaign: budget: " in out and "continues from b1-h2-n256-d128-fp16-full" in out
     assert "== campaign" not in out and out.count("not started") == 2
     assert env["control"].evaluated() == []
+    assert table.read_text().splitlines()[2] == "| b1-h2-n256-d128-fp16-full | not started | - | - | 0 | - |"
+    import sqlite3
+
+    with sqlite3.connect(snapshot) as db:  # a copy of the storage, with Optuna's tables in it
+        assert ("studies",) in db.execute("select name from sqlite_master where type = 'table'").fetchall()
     assert main(["campaign", str(path), *common, "--reserve-s", "5"]) == 2
     assert "--reserve-s: only means something with --budget-s" in capsys.readouterr().err
 
