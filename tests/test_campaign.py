@@ -9,7 +9,7 @@ import json
 import pytest
 
 import search_doubles
-from autotune.search import campaign
+from autotune.search import campaign, campaign_run, campaign_table
 from autotune.search import study as studies
 from autotune.cli import main
 from autotune.search.loop import SearchOptions, run_search
@@ -106,10 +106,15 @@ enqueue = []
     assert main(["campaign", str(path), *common]) == 0
     out = capsys.readouterr().out
     assert "== campaign 2/2: b1-h2-n512-d128-fp16-full" in out and "warm start: " in out
+    assert "campaign [2/2] b1-h2-n512-d128-fp16-full: " in out and "done 2/2" in out
     table = out[out.index("campaign: 2 shape(s)"):]
-    assert "b1-h2-n256-d128-fp16-full" in table and WIN.key in table
+    assert "b1-h2-n256-d128-fp16-full" in table and campaign_table.short_config(WIN.key) in table
     n512 = [line for line in table.splitlines() if "n512" in line][0]
-    assert n512.split()[1:3] == ["2", "1"]  # 2 trials evaluated; the best was the first (WIN, warm-started)
+    assert "2" in n512.split()[-2:-1]  # 2 trials evaluated
+    # the evaluator (one child process, one warm-up) served every shape of the campaign
+    calls = [json.loads(x) for x in (env["tmp"] / "double-calls.jsonl").read_text().splitlines()]
+    assert sum(c["call"] == "warmup" for c in calls) == 1
+    assert len({c["pid"] for c in calls if c["call"] == "evaluate"}) == 1
 
 
 def test_campaign_files_toml_json_yaml_and_their_errors(tmp_path):

@@ -1,8 +1,16 @@
-"""`autotune campaign FILE`: tune a list of shapes (a TOML, JSON or YAML file), one study per shape, in order.
+"""`autotune campaign FILE`: tune a list of shapes (a TOML, JSON or YAML file), one study per shape.
 
-Each new shape first tries the best configs of the shapes already tuned nearby (same GPU, dtype, head_dim and
-causal flag; nearest by log2 seqlen and log2 batch·heads), then searches as `autotune search` does. Running the
-same campaign again resumes every study. The file format is in autotune/search/campaign.py and docs/distributed.md.
+Shapes run grouped by what their kernels are compiled for (dtype, head_dim, causal), each group growing outward
+from its first shape in the file (--order file keeps the file's order). Each new shape first tries the best
+configs of the shapes already tuned nearby (same GPU, dtype, head_dim and causal flag; nearest by log2 seqlen and
+log2 batch·heads; --warm-from adds rows of shipped tables), then searches as `autotune search` does, on one
+evaluator process and one builder for the whole campaign.
+
+Resumable: running the same command again skips the shapes finished before and resumes a shape left half-way.
+--budget-s stops the run cleanly before a wall-clock limit (a GPU host's per-command limit), and --snapshot
+copies a SQLite storage after every shape, so a run killed anyway keeps what it finished. One progress line per
+shape; at the end the table of every shape of the file (--markdown FILE writes it for docs/benchmarks.md).
+The file format is in autotune/search/campaign.py and docs/distributed.md.
 """
 from __future__ import annotations
 
@@ -24,7 +32,25 @@ def add_parser(subparsers) -> None:
                                                "tuned neighbours (needs a GPU)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", help="the campaign: .toml, .json, or .yaml/.yml (PyYAML)")
-    p.add_argument("--dry-run", action="store_true", help="print each shape's search and stop")
+    p.add_argument("--dry-run", action="store_true", help="print each shape's search, in the order they would run, "
+                                                          "and stop")
+    p.add_argument("--order", choices=("neighbours", "file"), default="neighbours",
+                   help="neighbours (default): grouped by compiled problem, each group grown outward from its first "
+                        "shape, so warm starts have near neighbours; file: the file's order")
+    r = p.add_argument_group("budget, resuming and the table")
+    r.add_argument("--budget-s", type=float, default=None, metavar="SECONDS",
+                   help="stop cleanly within this many seconds of wall time (no new shape starts without "
+                        "--reserve-s + 10 s left; a shape's trial loop ends --reserve-s before it); the same command "
+                        "continues")
+    r.add_argument("--reserve-s", type=float, default=None, metavar="SECONDS",
+                   help="with --budget-s: kept free after each trial loop for re-timing, peers and storing "
+                        "(default 20)")
+    r.add_argument("--snapshot", default=None, metavar="PATH",
+                   help="after every shape, copy the SQLite storage to PATH (a consistent copy, replaced atomically)")
+    r.add_argument("--markdown", default=None, metavar="PATH", help="also write the closing table as markdown")
+    r.add_argument("--warm-from", action="append", default=[], metavar="FILE",
+                   help="exported tables (e.g. studies/tuned/h200.json) whose rows warm-start shapes like the "
+                        "storage's own best rows do; repeatable")
     s = p.add_argument_group("search (the file's keys win over these)")
     s.add_argument("--trials", type=int, default=DEFAULT_TRIALS, help=f"per shape (default {DEFAULT_TRIALS})")
     s.add_argument("--warm-start", type=int, default=DEFAULT_WARM_START, metavar="K",
@@ -72,26 +98,38 @@ def run(args: argparse.Namespace) -> int:
         plans = campaign.plan(entries, base)
     except ValueError as err:  # CampaignError, SearchOptions.check
         return _fail(str(err))
+    if args.order == "neighbours":
+        plans = campaign.neighbour_order(plans)
     if args.dry_run:
         for n, opts in enumerate(plans, 1):
             print(f"{n}. {opts.shape.key}: {opts.trials} trials, sampler {opts.sampler}, warm start {opts.warm_start}"
                   f"{', study ' + opts.study_name if opts.study_name else ''}"
                   f"{', workers ' + str(opts.workers) if opts.workers > 1 else ''}")
         return 0
-    return execute(plans, args.evaluator is None)
+    if args.reserve_s is not None and args.budget_s is None:
+        return _fail("--reserve-s: only means something with --budget-s")
+    return execute(plans, args.evaluator is None, budget_s=args.budget_s, reserve_s=args.reserve_s,
+                   snapshot=args.snapshot, markdown=args.markdown, warm_from=args.warm_from)
 
 
-def execute(plans: list, needs_gpu: bool) -> int:
+def execute(plans: list, needs_gpu: bool, *, budget_s: float | None = None, reserve_s: float | None = None,
+            snapshot: str | None = None, markdown: str | None = None, warm_from: list[str] = ()) -> int:
     """Run the plans and print the campaign table (shared with `autotune search` given several --seqlen)."""
-    from autotune.search import campaign
+    from pathlib import Path
+
+    from autotune.search import campaign_run, campaign_table
     from autotune.search.loop import SearchInterrupted
-    from autotune.search.progress import format_result
+    from autotune.search.warm_start import WarmStore
     from autotune.store import storage_url
 
     try:  # a storage mistake is one line before any shape starts, not a traceback from the first one
-        for storage in sorted({p.storage or "" for p in plans}):
-            storage_url.prepare(storage_url.resolve_storage_url(storage or None))
-    except ValueError as err:  # storage_url.StorageError
+        urls = sorted({storage_url.prepare(storage_url.resolve_storage_url(p.storage or None)) for p in plans})
+        budget = campaign_run.Budget(budget_s, **({"reserve_s": reserve_s} if reserve_s is not None else {}))
+        campaign_run.check_shareable(plans)
+        after_shape = _snapshotter(urls, snapshot) if snapshot else None
+        if warm_from and len(urls) > 1:
+            raise ValueError(f"--warm-from: the shapes use {len(urls)} storages; give one --storage")
+    except ValueError as err:  # storage_url.StorageError, a bad budget, options that differ
         return _fail(str(err))
     if needs_gpu:
         from autotune.launch.gpu_arch import NoGpuError, detect_arch
@@ -102,19 +140,57 @@ def execute(plans: list, needs_gpu: bool) -> int:
             return _fail("needs a CUDA GPU to time kernels, and none is visible (see `autotune space --compile` "
                          "for compile-only work)")
     try:
-        rows = campaign.run(plans)
+        store = WarmStore.open(urls[0], warm_from) if warm_from else None
+    except ValueError as err:  # a --warm-from file that is not an export
+        return _fail(str(err))
+    code = 0
+    try:
+        done = campaign_run.run(plans, budget=budget, after_shape=after_shape, store=store)
     except SearchInterrupted as e:
-        print()
-        print(format_result(e.result))
-        print()
-        print(campaign.format_rows(getattr(e, "rows", [])))
+        done = getattr(e, "campaign", None)
         print("campaign interrupted: the same command resumes it")
-        return INTERRUPTED
-    for row in rows:
-        if row.result is not None:
-            print()
-            print(format_result(row.result))
+        code = INTERRUPTED
+        if done is None:
+            return code
+    finally:
+        if store is not None:
+            store.close()
+    if after_shape is not None:
+        after_shape()
+    rows = campaign_table.shape_rows(plans, done.gpu_name)
     print()
-    print(f"campaign: {len(rows)} shape(s)")
-    print(campaign.format_rows(rows))
-    return 0 if all(r.result is not None and r.result.best is not None for r in rows) else NO_RESULT
+    print(f"campaign: {len(rows)} shape(s){'; stopped early: ' + done.stopped if done.stopped else ''}")
+    print(campaign_table.format_table(rows))
+    if markdown:
+        Path(markdown).write_text(campaign_table.format_table(rows, markdown=True) + "\n")
+        print(f"campaign: the table as markdown in {markdown}")
+    if code:
+        return code
+    return 0 if all(r.state == "finished" and r.tflops for r in rows) else NO_RESULT
+
+
+def _snapshotter(urls: list[str], dest: str):
+    """after_shape for --snapshot: a consistent copy of the SQLite storage (sqlite3's backup API, which never
+    copies a half-written page), written beside `dest` and renamed over it."""
+    import os
+    import sqlite3
+    from pathlib import Path
+
+    from autotune.store import storage_url
+
+    source = storage_url.sqlite_path(urls[0])
+    if len(urls) != 1 or source is None:
+        raise ValueError(f"--snapshot: copies one SQLite storage; this campaign uses {', '.join(urls)}")
+    target = Path(dest)
+    if not target.parent.is_dir():
+        raise ValueError(f"--snapshot {dest}: its directory does not exist")
+
+    def copy() -> None:
+        tmp = target.with_name(f".{target.name}.tmp")
+        with sqlite3.connect(source) as src, sqlite3.connect(tmp) as dst:
+            src.backup(dst)
+        src.close()
+        dst.close()
+        os.replace(tmp, target)
+
+    return copy

@@ -3,7 +3,8 @@ e.g. to ship a tuned table in studies/tuned/.
 
 The storage is only read (a mistyped --storage is an error, never a new empty database). PATH is replaced all at
 once (a temporary file beside it, then a rename), so an error leaves it as it was; an export that selects no rows
-is refused over a file that holds rows (--force writes it anyway)."""
+is refused over a file that holds rows (--force writes it anyway). --merge keeps the file's rows of shapes the
+storage has no row for."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +19,9 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("export", help="write the best-per-shape table as JSON", description=__doc__)
     p.add_argument("path", metavar="PATH", help="JSON file to write (replaced if it exists; its directory must exist)")
     add_filter_arguments(p)
+    p.add_argument("--merge", action="store_true",
+                   help="keep the rows PATH already holds for shapes the storage has no row for (a storage that "
+                        "retuned some shapes updates a shipped table); the storage's row wins for the same shape")
     p.add_argument("--force", action="store_true",
                    help="write the file even when no row matches and PATH holds rows (which are then lost)")
     p.set_defaults(run=run)
@@ -32,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         filters = filters_from_args(args)
         with BestStore(args.storage, read_only=True) as store:
-            n = store.export_json(args.path, force=args.force, **filters)
+            n = store.export_json(args.path, force=args.force, merge=args.merge, **filters)
+            kept = store.kept
             where = storage_url.describe(store.url)
             skipped = store.skipped
             warning = gpu_warning(args.gpu, store.gpu_names())
@@ -51,5 +56,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"autotune export: skipped {why}", file=sys.stderr)
     if warning:
         print(f"autotune export: {warning}", file=sys.stderr)
-    print(f"wrote {n} row(s) from {where} to {args.path}")
+    merged = f" ({kept} kept from the file, for shapes the storage has no row for)" if args.merge else ""
+    print(f"wrote {n} row(s) from {where} to {args.path}{merged}")
     return 0

@@ -1,5 +1,6 @@
-"""A tuning campaign: a list of shapes, one study each, in order, each new shape warm-started with the best
-configs of the shapes already tuned nearby (warmstart.py).
+"""A tuning campaign's file and plan: a list of shapes, one study each, each new shape warm-started with the best
+configs of the shapes already tuned nearby (warm_start.py), in an order that puts those neighbours first
+(neighbour_order). Running it: campaign_run.py; its closing table: campaign_table.py.
 
 The file is TOML, JSON or YAML (YAML needs PyYAML), e.g.
 
@@ -23,8 +24,8 @@ In JSON or YAML the same structure ({"defaults": {...}, "shapes": [...]}), or ju
 Keys: the shape (seqlen, seqlen_k, batch, heads, kv_heads, head_dim, dtype, causal; space.Shape's defaults for the
 rest) and the search options below (SEARCH_KEYS). Precedence, most specific first: the shape's keys, the file's
 defaults, the command line, the built-in defaults. Each shape's search is an ordinary `autotune search`:
-resumable (running the campaign again continues each study toward its trials) and, with --workers, spread over
-worker processes.
+resumable (running the campaign again skips finished shapes and continues the others' studies toward their
+trials) and, with --workers, spread over worker processes.
 """
 from __future__ import annotations
 
@@ -37,9 +38,7 @@ from typing import Any, Callable
 from space import Config, Shape
 
 from ..build.spill_policy import SpillPolicy
-from ..store import storage_url
-from . import loop as search_mod
-from . import study as studies
+from ..store.nearest import distance
 
 SHAPE_KEYS = {"seqlen": "seqlen_q", "seqlen_k": "seqlen_k", "batch": "batch", "heads": "heads",
               "kv_heads": "kv_heads", "head_dim": "head_dim", "dtype": "dtype", "causal": "causal"}
@@ -179,67 +178,26 @@ def plan(entries: list[Entry], base) -> list:
     return out
 
 
-@dataclass
-class Row:
-    """One shape's outcome: its SearchResult, or the error that stopped it."""
+def neighbour_order(plans: list) -> list:
+    """The plans reordered so that each shape's tuned neighbours come before it (campaign.run keeps this order).
 
-    options: Any
-    result: Any = None
-    error: str | None = None
-    trials_to_best: int | None = None
+    Shapes are grouped by what their binaries depend on (dtype, head_dim, causal: space.Problem) and by the
+    families searched: a group shares every cubin, and warm starts draw only on shapes of the same group
+    (warm_start.py). Groups come in the order of their first shape in the file; a group starts with that shape,
+    then repeatedly takes the shape nearest (store.nearest.distance) to any shape already placed, ties in file
+    order. So a file that lists the seqlen-4096 shape of each group first grows each group outward from it."""
+    groups: dict[tuple, list] = {}
+    for p in plans:
+        groups.setdefault((p.shape.problem, p.families), []).append(p)
+    out = []
+    for members in groups.values():
+        placed, left = [members[0]], list(members[1:])
+        while left:
+            nearest = min(left, key=lambda p: min(distance(p.shape, q.shape) for q in placed))
+            placed.append(nearest)
+            left.remove(nearest)
+        out.extend(placed)
+    return out
 
-
-def run(plans: list, *, log: Callable[[str], None] = print, search=None) -> list[Row]:
-    """Search each shape in turn (search: loop.run_search, injectable for tests). A shape that fails is
-    reported and the campaign goes on; Ctrl-C stops it (SearchInterrupted propagates, with the rows so
-    far on its `rows` attribute)."""
-
-    search = search or search_mod.run_search
-    rows: list[Row] = []
-    for n, opts in enumerate(plans, 1):
-        log(f"== campaign {n}/{len(plans)}: {opts.shape.key} ({opts.trials} trials, warm start {opts.warm_start})")
-        row = Row(opts)
-        rows.append(row)
-        try:
-            row.result = search(opts, log=log)
-        except search_mod.SearchInterrupted as e:
-            row.result = e.result
-            e.rows = rows
-            raise
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as e:  # one shape's failure (a study mismatch, a dead GPU) must not cost the others
-            row.error = f"{type(e).__name__}: {e}"
-            log(f"campaign: {opts.shape.key} failed: {row.error}")
-            continue
-        row.trials_to_best = studies.trials_to_best(_study(opts, row.result))
-    return rows
-
-
-def _study(opts, result):
-    import optuna
-
-
-    return optuna.load_study(study_name=result.study_name, storage=storage_url.resolve_storage_url(opts.storage))
-
-
-def format_rows(rows: list[Row]) -> str:
-    """The campaign's table: per shape, the study, evaluated trials, when the best came, the winner."""
-    lines = [f"  {'shape':<34} {'trials':>6} {'best at':>7} {'TFLOPS':>8}  config",
-             f"  {'-' * 34} {'-' * 6} {'-' * 7} {'-' * 8}  {'-' * 6}"]
-    for row in rows:
-        key = row.options.shape.key
-        if row.error:
-            lines.append(f"  {key:<34} {'-':>6} {'-':>7} {'-':>8}  failed: {row.error}")
-            continue
-        r = row.result
-        best = r.best
-        tflops = f"{best.outcome.tflops:8.1f}" if best else f"{'-':>8}"
-        at = f"{row.trials_to_best:>7}" if row.trials_to_best else f"{'-':>7}"
-        what = best.config.key if best else ("interrupted" if r.interrupted else "no valid config completed")
-        lines.append(f"  {key:<34} {r.evaluated:>6} {at} {tflops}  {what}")
-    return "\n".join(lines)
-
-
-__all__ = ["CampaignError", "DEFAULT_WARM_START", "Entry", "Row", "SEARCH_KEYS", "SHAPE_KEYS", "format_rows", "load",
-           "parse", "plan", "read", "run"]
+__all__ = ["CampaignError", "DEFAULT_WARM_START", "Entry", "SEARCH_KEYS", "SHAPE_KEYS", "load", "neighbour_order", "parse",
+           "plan", "read"]

@@ -11,6 +11,10 @@ choice, up to `k` configs:
 
 Every config is checked against the new shape's rules before it is queued; the search queues them ahead of the
 heuristic default (search.loop.queue_first), so the sampler's first trials are the neighbours' winners.
+
+`WarmStore` adds the rows of exported tables (studies/tuned/h200.json) to a storage's rows as neighbours: a campaign
+into a fresh storage then starts each shape from the shipped winner of that very shape (distance 0) or of its
+nearest shipped shape, and the shipped winner is re-measured beside whatever the search finds.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from typing import Callable
 import space
 from space import Arch, Config, Shape
 
-from ..store.best_table import BestStore
+from ..store.best_table import BestStore, StoreError, read_export, row_matches
 from ..store.nearest import distance
 from . import study as studies
 
@@ -81,4 +85,35 @@ def _study_top(storage, name: str | None, k: int) -> list[str]:
     return [t.user_attrs["config_key"] for t in studies.top_trials(study, k)]
 
 
-__all__ = ["neighbour_configs"]
+class WarmStore:
+    """A storage's best-per-shape table (BestStore) that also offers the rows of exported files as neighbours.
+    Reading (`all_rows`): the storage's rows, then the files' rows of shapes the storage has no row for.
+    Storing (`record_best`) goes to the storage alone: the files are never written."""
+
+    def __init__(self, store: BestStore, extra: list):
+        self.store, self.extra = store, list(extra)
+
+    @classmethod
+    def open(cls, url: str, files) -> "WarmStore":
+        """ValueError naming the file when one is not a readable export; its unusable rows are left out."""
+        extra = []
+        for path in files:
+            try:
+                extra += read_export(path).entries
+            except StoreError as e:
+                raise ValueError(f"--warm-from: {e}") from None
+        return cls(BestStore(url), extra)
+
+    def all_rows(self, **filters) -> list:
+        own = self.store.all_rows(**filters)
+        keys = {r.key for r in own}
+        return own + [e for e in self.extra if e.key not in keys and row_matches(e, **filters)]
+
+    def record_best(self, entry, source=None):
+        return self.store.record_best(entry, source)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+__all__ = ["WarmStore", "neighbour_configs"]

@@ -292,6 +292,7 @@ class BestStore:
         storage_url.StorageError before anything is opened (`thorough`: see storage_url.prepare)."""
         self.read_only = read_only
         self.skipped: list[str] = []  # the rows the last all_rows() left out, each with why
+        self.kept = 0  # the rows the last export_json(merge=True) kept from the file it replaced
         self.url = storage_url.prepare(storage_url.resolve_storage_url(url), create=not read_only, thorough=thorough)
         connect_args = {"timeout": 60} if self.url.startswith("sqlite") else {}  # Optuna may hold the write lock
         self.engine = create_engine(self.url, connect_args=connect_args)
@@ -430,13 +431,25 @@ class BestStore:
                 out.append(d)
             return out
 
-    def export_json(self, path: str | Path, *, force: bool = False, **filters) -> int:
+    def export_json(self, path: str | Path, *, force: bool = False, merge: bool = False, **filters) -> int:
         """Write the (filtered) rows to `path` as reviewable JSON; returns how many rows were written.
 
         An empty selection is not written over a file that holds something (a mistyped --gpu or --storage must
         not wipe a shipped table): StoreError saying so, unless `force`. The file is replaced atomically (a
-        temporary file in the same directory, then os.replace), so on any error it is left as it was."""
+        temporary file in the same directory, then os.replace), so on any error it is left as it was.
+        `merge`: the rows `path` already holds for shapes the selection has no row for are kept (a storage that
+        retuned some shapes updates a shipped table without dropping the others); a row of the same shape is
+        replaced by the storage's, the newer measurement. `self.kept` counts the rows kept from the file; its
+        unusable rows are named in `self.skipped`."""
         rows = self.all_rows(**filters)
+        self.kept = 0
+        if merge and Path(path).exists():
+            held = read_export(path)
+            keys = {r.key for r in rows}
+            kept = [e for e in held.entries if e.key not in keys]
+            self.skipped = [*self.skipped, *held.skipped]
+            self.kept = len(kept)
+            rows = sorted(rows + kept, key=_sort_key)
         doc = {"format": EXPORT_FORMAT, "schema_version": SCHEMA_VERSION, "rows": [r.to_json() for r in rows]}
         path = Path(path)
         if not rows and not force:

@@ -1,0 +1,113 @@
+"""A campaign's closing table, read from the storage: per shape the re-timed winner, how it compares with the
+fastest peer measured beside it, the evaluated trials and the seconds spent (summed over every run).
+
+Read from each shape's study (its `retimed`, `baselines` and `campaign` attrs), not from this run's results, so
+the table after the second of two runs covers the shapes the first one finished too. Plain text for the log, or
+markdown for docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from space import Config
+
+from . import campaign_run
+from . import study as studies
+
+
+@dataclass(frozen=True)
+class ShapeRow:
+    shape: object                  # space.Shape
+    state: str                     # "finished", "unfinished" (a later run continues it), "not started"
+    config_key: str | None = None  # the re-timed winner
+    tflops: float | None = None
+    peer: str | None = None        # the fastest peer measured beside it (sdpa_cudnn, fa4, ...)
+    peer_tflops: float | None = None
+    trials: int = 0                # evaluated (built) configs
+    seconds: float | None = None   # wall seconds on this shape, every run of the campaign together
+
+    @property
+    def versus_peer(self) -> float | None:
+        return self.tflops / self.peer_tflops if self.tflops and self.peer_tflops else None
+
+
+def shape_row(options, gpu_name: str) -> ShapeRow:
+    study = campaign_run.load_study(options, gpu_name)
+    if study is None:
+        return ShapeRow(options.shape, "not started")
+    attrs = study.user_attrs
+    record = campaign_run.record_of(study)
+    done = [r for r in attrs.get("retimed") or [] if r.get("status") == "complete" and r.get("tflops")]
+    best = max(done, key=lambda r: r["tflops"]) if done else None
+    peers = {k: v for k, v in (attrs.get("baselines") or {}).items() if v}
+    peer = max(peers, key=peers.get) if peers else None
+    return ShapeRow(options.shape, "finished" if record.get("finished") else "unfinished",
+                    best["config_key"] if best else None, best["tflops"] if best else None,
+                    peer, peers.get(peer), studies.StudyMemory.load(study, options.shape.problem).evaluated,
+                    record.get("seconds"))
+
+
+def shape_rows(plans: list, gpu_name: str) -> list[ShapeRow]:
+    return [shape_row(p, gpu_name) for p in plans]
+
+
+def short_config(key: str | None) -> str:
+    """A config key short enough for a table column: `wgmma cw2 bc128 st3 ...`; each axis named by the
+    initials of its words (consumer_wgs → cw) or its first two letters (stages → st), booleans as 0/1, other
+    strings after '='. The full key is in the study and the exported table."""
+    if not key:
+        return "-"
+    try:
+        config = Config.from_key(key)
+    except (KeyError, ValueError):
+        return key
+    parts = [config.family]
+    for name, value in config.as_dict().items():
+        if name == "family":
+            continue
+        words = name.split("_")
+        short = "".join(w[0] for w in words) if len(words) > 1 else name[:2]
+        parts.append(f"{short}{int(value)}" if isinstance(value, (bool, int)) else f"{short}={value}")
+    return " ".join(parts)
+
+
+COLUMNS = ("shape", "best config", "TFLOPS", "vs best peer", "trials", "seconds")
+
+
+def _cells(row: ShapeRow) -> list[str]:
+    versus = f"{row.versus_peer:.2f}× {row.peer}" if row.versus_peer else "-"
+    seconds = f"{row.seconds:.1f}" if row.seconds is not None else "-"
+    config = short_config(row.config_key) if row.config_key else row.state
+    if row.config_key and row.state != "finished":
+        config += f" ({row.state})"
+    return [row.shape.key, config, f"{row.tflops:.1f}" if row.tflops else "-", versus, str(row.trials), seconds]
+
+
+def summary_line(rows: list[ShapeRow]) -> str:
+    """Shapes finished, and the mean seconds per finished shape (the campaign's cost figure)."""
+    done = [r for r in rows if r.state == "finished"]
+    timed = [r.seconds for r in done if r.seconds is not None]
+    mean = f"; {sum(timed) / len(timed):.1f} s per finished shape on average ({sum(timed):.0f} s)" if timed else ""
+    ratios = sorted(r.versus_peer for r in rows if r.versus_peer)
+    spread = f"; vs best peer {ratios[0]:.2f}-{ratios[-1]:.2f}×" if ratios else ""
+    return f"{len(done)} of {len(rows)} shape(s) finished{mean}{spread}"
+
+
+def format_table(rows: list[ShapeRow], markdown: bool = False) -> str:
+    cells = [_cells(r) for r in rows]
+    if markdown:
+        lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
+        return "\n".join(lines + ["", summary_line(rows)])
+    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(COLUMNS)]
+    numeric = {2, 3, 4, 5}
+
+    def line(values):
+        return "  " + "  ".join(v.rjust(w) if i in numeric else v.ljust(w)
+                                for i, (v, w) in enumerate(zip(values, widths))).rstrip()
+
+    out = [line(COLUMNS), line(["-" * w for w in widths])] + [line(row) for row in cells]
+    return "\n".join(out + ["  " + summary_line(rows)])
+
+
+__all__ = ["COLUMNS", "ShapeRow", "format_table", "shape_row", "shape_rows", "short_config", "summary_line"]
