@@ -22,7 +22,9 @@ MAX_CONSUMER_REGS = 240
 REG_OVERHEAD = {False: 8, True: 32}
 # o_rescale=before keeps the correction factors alive across the loop's back edge; with the persistent loop's state
 # too, d256 causal spilled 64 B at 32: 72 prunes d256 (every Bc) and d128 with Bc >= 176 (traits.cuh kRegOverhead).
-REG_OVERHEAD_RESCALE_BEFORE_PERSISTENT = 72
+# The persistent overlapped loop at d256 causal spills with o_rescale=after too (4-64 B at Bc 64/80), so it gets the
+# same margin; d128 causal does not (Bc 192 compiles without spill at 32).
+REG_OVERHEAD_PERSISTENT_TIGHT = 72
 SCHEDULERS = ("grid", "lpt", "persistent")  # AT_SCHEDULER = index; "grid" is the kernel as it was before the axis
 L2_SECTION_BYTES = 32 << 20  # K/V bytes of one section of heads in the lpt order (traits.cuh: kL2SectionBytes)
 
@@ -62,8 +64,8 @@ def threads(c: Config) -> int:
 
 
 def num_barriers(c: Config) -> int:
-    # Q full; K full, V full, slot empty per stage; persistent: Q empty
-    return 1 + 3 * c.stages + (c.scheduler == "persistent")
+    # Q full; K full, V full, K empty, V empty per stage; persistent: Q empty
+    return 1 + 4 * c.stages + (c.scheduler == "persistent")
 
 
 def smem_regions(c: Config, p: Problem) -> dict[str, int]:
@@ -147,8 +149,8 @@ def consumer_registers(consumer_wgs: int) -> int:
 def accumulator_registers(c: Config, p: Problem) -> int:
     """Registers per consumer thread live across a tile: S and O in f32, P as packed 16-bit pairs, + overhead."""
     overhead = REG_OVERHEAD[c.overlap]
-    if c.o_rescale == "before" and c.scheduler == "persistent":
-        overhead = REG_OVERHEAD_RESCALE_BEFORE_PERSISTENT
+    if c.overlap and c.scheduler == "persistent" and (c.o_rescale == "before" or (p.causal and p.head_dim == 256)):
+        overhead = REG_OVERHEAD_PERSISTENT_TIGHT
     return c.bc // 2 + p.head_dim // 2 + c.bc // 4 + overhead
 
 

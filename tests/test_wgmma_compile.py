@@ -139,7 +139,8 @@ def test_layout():
                     o_store="smem", min_blocks=1)
     lay = space.layout(c, Problem(64, "fp16", False))
     assert (lay.threads, lay.rows_per_block, lay.smem_static) == (512, 192, 0)
-    assert lay.smem_dynamic == 1024 + 192 * 64 * 2 + 2 * 3 * 112 * 64 * 2 + 8 * 10
+    # barriers: Q full + (K full, V full, K empty, V empty) × 3 stages
+    assert lay.smem_dynamic == 1024 + 192 * 64 * 2 + 2 * 3 * 112 * 64 * 2 + 8 * 13
     defines = space.defines(c, Problem(64, "fp16", False))
     assert defines["AT_CONSUMER_WGS"] == 3 and defines["AT_SETMAXNREG"] == 1 and defines["AT_PINGPONG"] == 0
     assert defines["AT_EXPECT_SMEM_DYNAMIC"] == lay.smem_dynamic
