@@ -3,7 +3,8 @@
 # it). First the GPU correctness matrix for the configs the change touches most (d256, two-stage overlapped loops,
 # persistent), then before/after A/Bs (benchmarks/kernel_ab.py) of the peer shapes' shipped configs and of the
 # configs the change should unlock (two-stage overlapped loops: FlashAttention-3's 128 × 80 d256 and 128 × 176
-# d128 tiles). Everything goes under $OUT (default ./ab-out); the A/B tables are printed at the end.
+# d128 tiles); last, eager against CUDA-graph timing on the short shapes (is their gap on the host?). Everything goes
+# under $OUT (default ./ab-out); the tables are printed at the end.
 #
 #   BEFORE=<kernel tree> benchmarks/issue11_ab.sh      # default: `git archive $BASE kernels` of BASE (main's 14c1437)
 #
@@ -89,4 +90,11 @@ ab n512 --shape b16-h16-n512-d64-fp16-full \
   --config $W=3,bc=128,stages=4,$P,pingpong=0,o_store=direct,scheduler=persistent,o_rescale=after \
   --config $W=3,bc=128,stages=2,$P,pingpong=0,o_store=direct,scheduler=persistent,o_rescale=after
 
-for f in "$OUT"/ab-*/ab.md; do echo; echo "## $f"; cat "$f"; done | tee -a "$OUT/summary.txt"
+# 3. Short shapes: how much of their time is the host's (eager against CUDA-graph replay; benchmarks/host_overhead.py).
+if [ "$DRY" != 1 ]; then
+  echo "== host overhead" | tee -a "$OUT/summary.txt"
+  timeout 120 python3 benchmarks/host_overhead.py --out "$OUT/host" > "$OUT/host-overhead.log" 2>&1
+  echo "rc=$?" >> "$OUT/summary.txt"
+fi
+
+for f in "$OUT"/ab-*/ab.md "$OUT"/host/host_overhead.md; do echo; echo "## $f"; cat "$f"; done | tee -a "$OUT/summary.txt"
