@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 11, kernel round 1 on the H200: K and V of a ring slot released separately (K as soon as S = Q·Kᵀ has read
-# it). First the GPU correctness matrix for the configs the change touches most (d256, two-stage overlapped loops,
+# it), and a consumer warpgroup with no query row below seqlen_q only walks the ring instead of computing. First the GPU correctness matrix for the configs the change touches most (d256, two-stage overlapped loops,
 # persistent), then before/after A/Bs (benchmarks/kernel_ab.py) of the peer shapes' shipped configs and of the
 # configs the change should unlock (two-stage overlapped loops: FlashAttention-3's 128 × 80 d256 and 128 × 176
 # d128 tiles); last, eager against CUDA-graph timing on the short shapes (is their gap on the host?). Everything goes
@@ -38,10 +38,12 @@ grep -q "kNumBarriers = 1 + 4 \* kStages" "$BEFORE/sm90/traits.cuh" || {
   echo "issue11_ab: $BEFORE/sm90/traits.cuh: expected kNumBarriers = 1 + 3 or 4 * kStages" >&2; exit 2; }
 echo "before tree: $BEFORE" | tee "$OUT/summary.txt"
 
-# 1. correctness: d256 (every config of the matrix), the two-stage overlapped ladder entries of two problems, and the
-#    persistent ones of a third (the K/V ring's parities carry across tiles there).
+# 1. correctness: d256 (every config of the matrix), the two-stage overlapped ladder entries of two problems, the
+#    persistent ones of a third (the K/V ring's parities carry across tiles there), and the 3-warpgroup ones of d64
+#    fp16 (a warpgroup with no row below seqlen_q only walks the ring: cases n1, n17, n1000, q100-k300, q300-k100).
 DRY=${DRY:-0}
 K="d256 or (-2-1-1- and (d128-fp16-causal or d64-bf16-full)) or (persistent and d128-bf16-full)"
+K="$K or ((full-3- or causal-3-) and d64-fp16)"
 echo "== pytest -m gpu tests/test_wgmma_gpu.py -k '$K' (cap ${TEST_S}s)" | tee -a "$OUT/summary.txt"
 [ "$DRY" = 1 ] || timeout "$TEST_S" python3 -m pytest -q -n 4 -m gpu tests/test_wgmma_gpu.py -k "$K" -p no:cacheprovider \
   > "$OUT/gpu-tests.log" 2>&1
@@ -89,6 +91,20 @@ ab d64 --shape b4-h32-n4096-d64-fp16-full \
 ab n512 --shape b16-h16-n512-d64-fp16-full \
   --config $W=3,bc=128,stages=4,$P,pingpong=0,o_store=direct,scheduler=persistent,o_rescale=after \
   --config $W=3,bc=128,stages=2,$P,pingpong=0,o_store=direct,scheduler=persistent,o_rescale=after
+# The idle-warpgroup skip alone: before = the tree with the separate K/V release only (SPLIT, commit 36a7d8e), on the
+# shapes whose last query block leaves a warpgroup without rows (N512 d64 with Br 192; d64 N4096: 4096 = 21 × 192 + 64).
+SPLIT=${SPLIT:-$PWD/.ab/36a7d8e/kernels}
+if [ ! -d "$SPLIT/common" ]; then
+  mkdir -p .ab/36a7d8e && git archive 36a7d8e kernels | tar -x -C .ab/36a7d8e || SPLIT=
+fi
+if [ -n "$SPLIT" ]; then
+  AB[3]=$SPLIT
+  ab idle --shape b16-h16-n512-d64-fp16-full --shape b4-h32-n4096-d64-fp16-full \
+    --config $W=3,bc=128,stages=4,$P,pingpong=0,o_store=direct,scheduler=persistent,o_rescale=after \
+    --config $W=3,bc=128,stages=3,$P,pingpong=0,o_store=smem,scheduler=persistent,o_rescale=after
+else
+  echo "no split-only tree (.ab/36a7d8e/kernels): idle A/B skipped" | tee -a "$OUT/summary.txt"
+fi
 
 # 3. Short shapes: how much of their time is the host's (eager against CUDA-graph replay; benchmarks/host_overhead.py).
 if [ "$DRY" != 1 ]; then

@@ -411,6 +411,25 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
 
     int& stage = ring.stage;
     uint32_t& phase = ring.phase;
+    // A warpgroup whose 64 rows all lie past seqlen_q (in the last query block when seqlen_q is not a multiple of Br,
+    // e.g. N 512 with Br 192: a ninth of that shape's GEMMs) has nothing to compute. It only walks the ring, arriving
+    // on each slot's K and V empty barriers once the slot has been filled (so its arrivals count towards the same use
+    // as the other warpgroups'), and, persistent, gives the Q slot back (after the Q-full wait above: Q of this tile
+    // is loaded only once every warpgroup has released the previous one). Not under ping-pong, whose turns pair the
+    // two warpgroups' GEMM issues one to one.
+    if constexpr (!kPingPong) {
+        if (wg_row0 >= p.seqlen_q) {
+            for (int n = 0; n < n_tiles; ++n) {
+                mbar_wait(sm.k_full(stage), phase);
+                release(sm.k_empty(stage));
+                mbar_wait(sm.v_full(stage), phase);
+                release(sm.v_empty(stage));
+                ring.advance();
+            }
+            if constexpr (kPersistent) release_q(sm);
+            return;
+        }
+    }
     if constexpr (!kOverlap) {
         for (int n = 0; n < n_tiles; ++n) {
             mbar_wait(sm.k_full(stage), phase);
