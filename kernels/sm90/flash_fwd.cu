@@ -3,7 +3,8 @@
 // A tile is (kBr query rows, head, batch); a CTA works on one tile, or under the persistent scheduler on a strided
 // sequence of them (for_each_tile). Warpgroup 0 is the producer: one thread issues TMA copies of the Q tile (once
 // per tile) and of K/V tiles into a kStages-deep shared-memory ring, completing on mbarriers (K full, V full,
-// slot empty per stage). Consumer warpgroups 1..kConsumerWGs each own 64 query rows and run
+// K empty, V empty per stage: a slot's K goes back as soon as S = Q·Kᵀ has read it, its V after P·V). Consumer
+// warpgroups 1..kConsumerWGs each own 64 query rows and run
 //   S = Q·Kᵀ       wgmma m64n{Bc}k16, A and B from 128B-swizzled shared memory (K-major)
 //   online softmax in registers (exp2 with the scale folded in)
 //   O += P·V       wgmma m64n{D}k16, A = P from registers, B = V from shared memory read N-major (trans-b)
@@ -55,8 +56,9 @@ struct Smem {
     __device__ uint32_t q_full() const { return bars; }
     __device__ uint32_t k_full(int s) const { return bars + 8 * (1 + s); }
     __device__ uint32_t v_full(int s) const { return bars + 8 * (1 + kStages + s); }
-    __device__ uint32_t empty(int s) const { return bars + 8 * (1 + 2 * kStages + s); }
-    __device__ uint32_t q_empty() const { return bars + 8 * (1 + 3 * kStages); }  // persistent only
+    __device__ uint32_t k_empty(int s) const { return bars + 8 * (1 + 2 * kStages + s); }
+    __device__ uint32_t v_empty(int s) const { return bars + 8 * (1 + 3 * kStages + s); }
+    __device__ uint32_t q_empty() const { return bars + 8 * (1 + 4 * kStages); }  // persistent only
     __device__ uint32_t k_tile(int s) const { return k + s * kKVTileBytes; }
     __device__ uint32_t v_tile(int s) const { return v + s * kKVTileBytes; }
 };
@@ -225,12 +227,13 @@ __device__ __forceinline__ void produce(const FlashFwdParams& p, const Smem& sm,
     int& stage = ring.stage;
     uint32_t& phase = ring.phase;
     for (int n = 0; n < n_tiles; ++n) {
-        mbar_wait(sm.empty(stage), phase ^ 1);
+        mbar_wait(sm.k_empty(stage), phase ^ 1);
         mbar_arrive_expect_tx(sm.k_full(stage), kKVTileBytes);
 #pragma unroll
         for (int c = 0; c < kDChunks; ++c)
             tma_load_4d(sm.k_tile(stage) + c * kKVChunkBytes, tm_k, c * kSwizzleCols, n * kBc, kv_head, batch,
                         sm.k_full(stage));
+        mbar_wait(sm.v_empty(stage), phase ^ 1);
         mbar_arrive_expect_tx(sm.v_full(stage), kKVTileBytes);
 #pragma unroll
         for (int c = 0; c < kDChunks; ++c)
@@ -352,7 +355,7 @@ __device__ __forceinline__ void softmax_any(bool mask, float (&s)[kSRegs], float
 }
 
 // Ping-pong turns: warpgroup w waits on barrier (1 + w) before issuing its GEMMs and, once issued, lets the
-// other one go. Both take the same number of turns, so the other's opening arrive and the skipped final arrive
+// other one go (overlapped loop: a turn is S(n) + P(n-1)·V(n-1); plain loop: S(n) alone). Both take the same number of turns, so the other's opening arrive and the skipped final arrive
 // of warpgroup 1 leave no barrier half-arrived at exit.
 struct Turns {
     int wg;
@@ -366,8 +369,12 @@ struct Turns {
     }
 };
 
-__device__ __forceinline__ void release(const Smem& sm, int stage) {
-    if (threadIdx.x % 32 == 0) mbar_arrive(sm.empty(stage));
+// Lane 0 of every consumer warp, after the warp's wait for the wgmma that read the slot (K: S = Q·Kᵀ, V: P·V).
+// K goes back as soon as S has completed, not with V after P·V: with two stages and the overlapped loop, a shared
+// release would free slot n-1 only after P(n-1)·V(n-1), i.e. just before S(n+1) needs K(n+1) in that very slot,
+// putting the whole TMA latency of K(n+1) on every iteration's critical path.
+__device__ __forceinline__ void release(uint32_t empty_bar) {
+    if (threadIdx.x % 32 == 0) mbar_arrive(empty_bar);
 }
 
 // Persistent: lane 0 of every consumer warp, once all its lanes are done with the Q slot of this tile.
@@ -404,15 +411,41 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
 
     int& stage = ring.stage;
     uint32_t& phase = ring.phase;
+    // A warpgroup whose 64 rows all lie past seqlen_q (in the last query block when seqlen_q is not a multiple of Br,
+    // e.g. N 512 with Br 192: a ninth of that shape's GEMMs) has nothing to compute. It only walks the ring, arriving
+    // on each slot's K and V empty barriers once the slot has been filled (so its arrivals count towards the same use
+    // as the other warpgroups'), and, persistent, gives the Q slot back (after the Q-full wait above: Q of this tile
+    // is loaded only once every warpgroup has released the previous one). Not under ping-pong, whose turns pair the
+    // two warpgroups' GEMM issues one to one.
+    if constexpr (!kPingPong) {
+        if (wg_row0 >= p.seqlen_q) {
+            for (int n = 0; n < n_tiles; ++n) {
+                mbar_wait(sm.k_full(stage), phase);
+                release(sm.k_empty(stage));
+                mbar_wait(sm.v_full(stage), phase);
+                release(sm.v_empty(stage));
+                ring.advance();
+            }
+            if constexpr (kPersistent) release_q(sm);
+            return;
+        }
+    }
     if constexpr (!kOverlap) {
+        // Ping-pong here orders only the S issues (a turn is one S = Q·Kᵀ issue, as FA3 does without intra-warpgroup
+        // overlap): warpgroup 1's S(n) queues behind warpgroup 0's, so the two are half a GEMM apart from the first
+        // tile on and each one's softmax runs under the other's GEMMs, instead of both softmaxes at once with the
+        // tensor cores idle (without turns the two start together and stay in lock-step).
         for (int n = 0; n < n_tiles; ++n) {
             mbar_wait(sm.k_full(stage), phase);
+            turns.begin();
             fence_regs(s);
             wgmma_fence();
             issue_qk(s, q_addr, sm.k_tile(stage));
             wgmma_commit();
+            turns.end(n == n_tiles - 1);
             wgmma_wait<0>();
             fence_regs(s);
+            release(sm.k_empty(stage));
             softmax_any(tile_needs_mask(n, wg_row0, p.seqlen_k), s, m, l, corr, scale_log2, row0, n * kBc,
                         p.seqlen_k);
             rescale_o(o, corr);
@@ -425,7 +458,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             wgmma_commit();
             wgmma_wait<0>();
             fence_regs(o);
-            release(sm, stage);
+            release(sm.v_empty(stage));
             ring.advance();
         }
     } else {
@@ -439,6 +472,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         turns.end(false);
         wgmma_wait<0>();
         fence_regs(s);
+        release(sm.k_empty(stage));
         softmax_any(tile_needs_mask(0, wg_row0, p.seqlen_k), s, m, l, corr, scale_log2, row0, 0, p.seqlen_k);
         convert_p(s, pf);
 
@@ -470,12 +504,13 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             turns.end(false);
             wgmma_wait<1>();  // S(n) is ready; P(n-1)·V(n-1) may still run under the softmax
             fence_regs(s);
+            release(sm.k_empty(stage));
             softmax_any(tile_needs_mask(n, wg_row0, p.seqlen_k), s, m, l, corr, scale_log2, row0, n * kBc,
                         p.seqlen_k);
             wgmma_wait<0>();
             fence_regs(o);
             fence_regs(pf);
-            release(sm, prev_stage);
+            release(sm.v_empty(prev_stage));
             if constexpr (!kRescaleBefore) rescale_o(o, corr);
             convert_p(s, pf);
             prev_stage = stage;
@@ -494,7 +529,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         turns.end(true);
         wgmma_wait<0>();
         fence_regs(o);
-        release(sm, prev_stage);
+        release(sm.v_empty(prev_stage));
     }
 
     // Persistent, O written from registers: every wgmma that read this tile's Q has completed, so the producer may
@@ -612,7 +647,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
         for (int s = 0; s < kStages; ++s) {
             mbar_init(sm.k_full(s), 1);
             mbar_init(sm.v_full(s), 1);
-            mbar_init(sm.empty(s), 4 * kConsumerWGs);  // lane 0 of every consumer warp releases a slot
+            mbar_init(sm.k_empty(s), 4 * kConsumerWGs);  // lane 0 of every consumer warp releases a slot's K
+            mbar_init(sm.v_empty(s), 4 * kConsumerWGs);  // ... and its V
         }
         if constexpr (kPersistent) mbar_init(sm.q_empty(), 4 * kConsumerWGs);
         fence_barrier_init();

@@ -22,7 +22,7 @@ constexpr int kBc = AT_BC;                     // key columns per K/V tile (the 
 constexpr int kStages = AT_STAGES;             // K/V slots in the shared-memory ring
 constexpr bool kSetMaxNReg = AT_SETMAXNREG != 0;
 constexpr bool kOverlap = AT_OVERLAP != 0;     // issue S(n) together with P(n-1)·V(n-1); softmax(n) runs under P·V
-constexpr bool kPingPong = AT_PINGPONG != 0;   // two consumer warpgroups take turns on the tensor cores
+constexpr bool kPingPong = AT_PINGPONG != 0;   // two consumer warpgroups take turns issuing their GEMMs
 constexpr bool kOStoreSmem = AT_O_STORE_SMEM != 0;  // stage O in shared memory for 16-byte row stores
 constexpr int kMinBlocks = AT_MIN_BLOCKS;
 // Overlapped loop only: multiply O by the previous tile's correction right after S(n) is issued, before
@@ -46,7 +46,7 @@ constexpr int kDChunks = kHeadDim / kSwizzleCols;
 constexpr int kChunkRowBytes = kSwizzleCols * kElemBytes;  // 128
 
 // Shared memory, all dynamic: [alignment slack][Q: wg × chunk × 64 rows][K: stage × chunk × Bc rows][V: same]
-// [mbarriers: Q full, then K full, V full and slot empty per stage, then Q empty if persistent]. Swizzled TMA boxes
+// [mbarriers: Q full, then K full, V full, K empty and V empty per stage, then Q empty if persistent]. Swizzled TMA boxes
 // and wgmma descriptors assume 1024-byte-aligned atoms, and the dynamic base is only promised 16-byte alignment,
 // hence the slack. Nothing is static (ptxas rounds static sizes, which would blur the contract with space/).
 constexpr int kSmemAlign = 1024;
@@ -56,8 +56,9 @@ constexpr int kKVChunkBytes = kBc * kChunkRowBytes;
 constexpr int kKVTileBytes = kBc * kHeadDim * kElemBytes;
 // L2 bytes one section of heads may fill with its K and V (the H200 has 60 MB in two halves; FA3/FA4 budget 32-50 MB).
 constexpr long long kL2SectionBytes = 32ll << 20;
-// Q full; K full, V full, slot empty per stage; persistent: Q empty (the Q slot, and the O staged in it, is free).
-constexpr int kNumBarriers = 1 + 3 * kStages + (kPersistent ? 1 : 0);
+// Q full; K full, V full, K empty, V empty per stage (K and V of a slot are released separately: K once S = Q·Kᵀ
+// has read it); persistent: Q empty (the Q slot, and the O staged in it, is free).
+constexpr int kNumBarriers = 1 + 4 * kStages + (kPersistent ? 1 : 0);
 constexpr int kSmemDynamic = kSmemAlign + kQBytes + 2 * kStages * kKVTileBytes + 8 * kNumBarriers;
 constexpr int kSmemStatic = 0;
 
@@ -71,8 +72,11 @@ constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
 // keeps more alive across the asynchronous P·V. Calibrated on ptxas 13.0: 8 / 32 are the smallest margins with
 // no spill in the sampled space (e.g. overlapped 3 warpgroups d128 Bc=96 spill at 160 with a margin of 24).
 // o_rescale=before carries the correction factors across the loop's back edge; under the persistent scheduler that
-// spills at d256 (64 B, causal), hence 72 there: it prunes exactly d256 (any Bc) and d128 with Bc >= 176.
-constexpr int kRegOverhead = kOverlap ? (kRescaleBefore && kPersistent ? 72 : 32) : 8;
+// spills at d256 (64 B, causal), hence 72 there: it prunes exactly d256 (any Bc) and d128 with Bc >= 176. The
+// persistent overlapped loop at d256 causal spills with o_rescale=after too (4-64 B for Bc 64/80 on ptxas 13.0, before
+// and after K/V got separate releases), so the 72 applies there as well; d128 causal at Bc 192 has no spill at 32.
+constexpr int kRegOverhead =
+    kOverlap ? (kPersistent && (kRescaleBefore || (kCausal && kHeadDim == 256)) ? 72 : 32) : 8;
 constexpr int kAccumulatorRegs = kBc / 2 + kHeadDim / 2 + kBc / 4 + kRegOverhead;
 constexpr int kConsumerRegBudget = kSetMaxNReg ? kConsumerRegs : kRegCap;
 
@@ -83,8 +87,6 @@ static_assert(kBc % 16 == 0 && kBc >= 16 && kBc <= 256,
 static_assert(kConsumerWGs >= 1 && kConsumerWGs <= 3, "consumer_wgs_range: 1 to 3 consumer warpgroups");
 static_assert(kStages >= 2, "stages_at_least_two: the overlapped loop holds two K/V slots at once");
 static_assert(!kPingPong || kConsumerWGs == 2, "pingpong_needs_two_consumers: ping-pong alternates two warpgroups");
-static_assert(!kPingPong || kOverlap,
-              "pingpong_needs_overlap: a ping-pong turn is the S(n) + P(n-1)·V(n-1) issue of the overlapped loop");
 static_assert(!kRescaleBefore || kOverlap,
               "rescale_before_needs_overlap: o_rescale=before reorders the overlapped loop's S(n) + P(n-1)·V(n-1) issue");
 static_assert(!kSetMaxNReg || kConsumerWGs >= 2,
