@@ -7,6 +7,10 @@ waited for) rather than by sleeps and luck.
     running configs count against the budget    test_configs_running_elsewhere_count_against_the_budget
     periodic heartbeats                         test_periodic_heartbeats_keep_a_live_trial_from_being_failed
     stale-trial retry                           test_a_silent_process_trial_is_failed_and_requeued_once
+    a measurement outlives a kill in its tell   test_a_retry_killed_while_being_told_is_retold_from_its_measurement,
+                                                test_a_silent_process_measured_trial_is_retold_elsewhere_and_keeps_its_claim
+    a config killing its process is given up    test_a_config_whose_process_dies_while_evaluating_it_twice_is_given_up,
+                                                test_deaths_before_evaluation_requeue_without_counting_and_are_bounded
     late tell                                   test_distributed.py: test_a_result_told_after_another_process_...
     SQLite: one search process per study        test_a_second_search_on_a_sqlite_study_is_refused_until_the_first_dies,
                                                 test_two_searches_on_one_sqlite_study_time_nothing_twice
