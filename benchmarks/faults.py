@@ -14,10 +14,13 @@ Faults:
   restart     a --workers 2 search on PostgreSQL while the server restarts (pg_ctl -m fast restart);
   sqlite x2   two searches started at once on one SQLite study: one must be refused up front.
 
-Columns: trials completed (COMPLETE trials in the study at the end, reuses of a result and retries included); trials lost (COMPLETE trials seen before a fault
-that are not COMPLETE with the same value after it, plus trials that died holding a config which was neither
-re-queued nor judged later); configs timed twice (configs judged by more than one trial of their own, i.e. not
-reusing another's result); trials left RUNNING. The last three must be 0; the script exits 1 otherwise.
+Columns: trials completed (COMPLETE trials in the study at the end, reuses of a result, retries and re-told
+results included); trials lost (COMPLETE trials seen before a fault that are not COMPLETE with the same value
+after it, trials killed after their measurement whose result was not re-told, and trials killed before it whose
+config was neither re-queued nor judged later); configs timed twice (configs judged by more than one trial of
+their own, i.e. not reusing another's result); trials left RUNNING. The last three must be 0; the script exits 1
+otherwise. A config given up by autotune/search/deaths.py's rule (its process died twice while evaluating it) is
+not counted as lost but named in the notes.
 """
 from __future__ import annotations
 
@@ -103,22 +106,36 @@ def wait_complete(storage: str, study: str, n: int, proc, timeout: float = 300) 
 
 def tally(fault: str, storage: str, study: str, seen: dict, note: str = "") -> dict:
     """The row of the table for one study; `seen`: COMPLETE trials (number → value) observed before faults."""
+    from autotune.search import deaths
+
     ts = trials(storage, study)
     by_number = {t.number: t for t in ts}
     lost = sum(1 for n, v in seen.items() if by_number[n].state.name != "COMPLETE" or by_number[n].value != v)
     key = lambda t: tuple(sorted(t.params.items()))  # noqa: E731
     judged = [t for t in ts if t.state.name in ("COMPLETE", "PRUNED")]
-    retried = {t.system_attrs.get("failed_trial") for t in ts}
+    retried = {n for t in ts for n in t.system_attrs.get("retry_history", [])}
+    retold = {t.user_attrs.get("retold_for") for t in ts}
     judged_keys = {key(t) for t in judged}
-    for t in ts:  # died holding a config: it must have come back (re-queued) or been judged anyway
-        if t.state.name == "FAIL" and t.params and "running_in" not in t.user_attrs \
-                and not (t.user_attrs.get("reason") or "").startswith(("interrupted", "cancelled")):
+    given_up = 0
+    for t in ts:  # died holding a config: its measurement re-told, or the config re-queued or judged anyway
+        if t.state.name != "FAIL" or not t.params or "running_in" in t.user_attrs \
+                or (t.user_attrs.get("reason") or "").startswith(("interrupted", "cancelled")):
+            continue
+        fate = deaths.fate(t)
+        if fate == "retell":
+            lost += t.number not in retold  # a measurement made and not recorded
+        elif fate == "give up" and key(t) not in judged_keys:
+            given_up += 1  # by the rule, not lost: its process died while evaluating it twice (deaths.py)
+        elif fate == "requeue":
             lost += t.number not in retried and key(t) not in judged_keys
     originals = Counter(key(t) for t in judged if t.user_attrs.get("status") not in (None, "invalid")
                         and "duplicate_of" not in t.user_attrs and "same_cubin_as" not in t.user_attrs)
+    notes = [note, f"{len(retold - {None})} measured trial(s) of killed processes re-told"]
+    if given_up:
+        notes.append(f"{given_up} config(s) given up after their process died twice while evaluating them")
     return {"fault": fault, "completed": sum(t.state.name == "COMPLETE" for t in ts), "lost": lost,
             "twice": sum(n > 1 for n in originals.values()), "running": sum(t.state.name == "RUNNING" for t in ts),
-            "note": note}
+            "note": "; ".join(notes)}
 
 
 def sigkills(drill: Drill, work: Path, kills: int, rng: random.Random) -> dict:

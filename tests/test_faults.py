@@ -7,6 +7,10 @@ waited for) rather than by sleeps and luck.
     running configs count against the budget    test_configs_running_elsewhere_count_against_the_budget
     periodic heartbeats                         test_periodic_heartbeats_keep_a_live_trial_from_being_failed
     stale-trial retry                           test_a_silent_process_trial_is_failed_and_requeued_once
+    a measurement outlives a kill in its tell   test_a_retry_killed_while_being_told_is_retold_from_its_measurement,
+                                                test_a_silent_process_measured_trial_is_retold_elsewhere_and_keeps_its_claim
+    a config killing its process is given up    test_a_config_whose_process_dies_while_evaluating_it_twice_is_given_up,
+                                                test_deaths_before_evaluation_requeue_without_counting_and_are_bounded
     late tell                                   test_distributed.py: test_a_result_told_after_another_process_...
     SQLite: one search process per study        test_a_second_search_on_a_sqlite_study_is_refused_until_the_first_dies,
                                                 test_two_searches_on_one_sqlite_study_time_nothing_twice
@@ -277,6 +281,155 @@ def test_a_silent_process_trial_is_failed_and_requeued_once(postgres_url):
         retries = [t for t in load(postgres_url).trials if t.system_attrs.get("failed_trial") == pending.trial.number]
         assert len(retries) == 1 and retries[0].state.name == "WAITING" and retries[0].params == pending.trial.params
         assert there.ask() is not None  # the retry's config is taken over from the dead owner and timed here
+    finally:
+        there.abandon("interrupted: test over")
+        here.peers.close(), there.peers.close()
+
+
+# ---- how a dead trial is judged: by how far it got (deaths.py) ----------------------------------------------
+
+def _harness(when: str, victim: str, log, url: str, landscape, trials: int = 3) -> subprocess.CompletedProcess:
+    """One replayed search that SIGKILLs itself at `when` of `victim`'s trial (tests/kill_harness.py). Two
+    complete configs are queued (after a fresh study's heuristic default), so that the budget is met without
+    many random asks (most of them invalid: slow on a loaded machine, and nothing to do with deaths)."""
+    from landscape_fixtures import SMALL_SHAPE, fake_tflops
+
+    import space
+
+    fillers = sorted(space.valid_configs(SMALL_SHAPE.problem, space.get_arch("sm_90"), ("wgmma",)), key=fake_tflops)
+    enqueue = [x for c in fillers[-2:] for x in ("--enqueue", c.key)]  # the best two: complete in small_landscape
+    args = [sys.executable, str(TESTS / "kill_harness.py"), when, victim, str(log), "--", "--replay", str(landscape),
+            "--storage", url, "--study", "k", "--trials", str(trials), "--sampler", "random", "--seed", "0",
+            "--retime", "1", *enqueue]
+    return subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=180)
+
+
+def _killed(run: subprocess.CompletedProcess) -> None:
+    assert run.returncode == -signal.SIGKILL, run.stdout + run.stderr
+
+
+def test_a_retry_killed_while_being_told_is_retold_from_its_measurement(tmp_path):
+    """A trial killed while evaluating is re-queued; its retry, killed in the middle of its tell, still had its
+    measurement stored: the next run re-tells it (COMPLETE, the recorded value) without measuring a third time."""
+    from landscape_fixtures import small_landscape
+
+    from autotune.landscapes import landscape_file
+
+    path = small_landscape().save(tmp_path / "small.json")
+    recorded = landscape_file.load(path)
+    url, log = f"sqlite:///{tmp_path / 'k.db'}", tmp_path / "evaluated.txt"
+    _killed(_harness("evaluating", "first", log, url, path))
+    victim = log.read_text().split()[0]
+    assert recorded.rows[victim].status == "complete", victim
+    _killed(_harness("telling", victim, log, url, path))  # the retry: measured, killed while being told
+    assert log.read_text().split().count(victim) == 2
+    last = _harness("never", "-", log, url, path)
+    assert last.returncode == 0, last.stdout + last.stderr
+    study = load(url, "k")
+    no_trial_lost(study, last.stdout)
+    done = [t for t in study.trials if t.user_attrs.get("config_key") == victim and t.state.name == "COMPLETE"]
+    assert [t.value for t in done] == [recorded.rows[victim].tflops], last.stdout
+    assert log.read_text().split().count(victim) == 2  # re-told, not measured again
+    assert "re-told as trial" in last.stdout, last.stdout
+
+
+def test_a_config_whose_process_dies_while_evaluating_it_twice_is_given_up(tmp_path):
+    from landscape_fixtures import ARCH as SM90, SMALL_SHAPE, small_landscape
+
+    from autotune.search import deaths
+    from autotune.search.sampling import SearchSpace
+
+    path = small_landscape().save(tmp_path / "small.json")
+    url, log = f"sqlite:///{tmp_path / 'k.db'}", tmp_path / "evaluated.txt"
+    _killed(_harness("evaluating", "first", log, url, path))
+    victim = log.read_text().split()[0]
+    _killed(_harness("evaluating", victim, log, url, path))  # its retry kills the process again
+    last = _harness("never", "-", log, url, path)
+    assert last.returncode == 0, last.stdout + last.stderr
+    study = load(url, "k")
+    no_trial_lost(study, last.stdout)
+    ss = SearchSpace(SMALL_SHAPE.problem, SM90, ("wgmma",))
+    dead = [t for t in study.trials if t.state.name == "FAIL" and t.params and ss.config_of(t.params).key == victim]
+    assert len(dead) == 2, [(t.number, t.state.name, t.user_attrs) for t in dead]
+    assert dead[1].system_attrs["failed_trial"] == dead[0].number  # the first death was re-queued ...
+    retries = [t.number for t in study.trials if t.system_attrs.get("failed_trial") == dead[0].number]
+    assert retries == [dead[1].number], last.stdout  # ... the second was not: no third try forced on the search
+    assert deaths.fate(dead[1]) == "give up" and "given up" in last.stdout
+
+
+def test_deaths_before_evaluation_requeue_without_counting_and_are_bounded(tmp_path):
+    import optuna
+
+    from autotune.search import deaths
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'd.db'}", direction="maximize")
+    notes: list[str] = []
+
+    def dies(t, evaluating: bool = False) -> str:
+        if evaluating:
+            deaths.mark_evaluating(study, t)
+        study.tell(t, state=optuna.trial.TrialState.FAIL)  # as the heartbeat check or the next SQLite run does
+        return deaths.after_death(study, study._storage.get_trial(t._trial_id), notes.append)
+
+    def asked(x: int):
+        t = study.ask()
+        assert t.suggest_categorical("x", [1, 2, 3]) == x
+        return t
+
+    study.enqueue_trial({"x": 1})
+    t = asked(1)
+    for _ in range(deaths.MAX_DEATHS - 1):  # killed while asked or built: nothing against the config
+        assert dies(t) == "requeue"
+        t = asked(1)  # the retry comes back first
+    assert dies(t) == "give up" and "died 4 times" in notes[-1]
+
+    study.enqueue_trial({"x": 2})
+    t = asked(2)
+    assert dies(t, evaluating=True) == "requeue"
+    t = asked(2)
+    assert dies(t) == "requeue"  # a death before the evaluation does not count toward giving up ...
+    t = asked(2)
+    assert dies(t, evaluating=True) == "give up"  # ... a second one while evaluating does
+    assert "while evaluating it twice" in notes[-1]
+
+    study.enqueue_trial({"x": 3})
+    t = asked(3)
+    deaths.store_measurement(study, t, trial_mod.Outcome("complete", "", {"tflops": 5.0, "config_key": "x3",
+                                                                          "status": "complete"}))
+    assert dies(t, evaluating=True) == "retell"
+    retold = study.trials[-1]
+    assert (retold.state.name, retold.value, retold.params) == ("COMPLETE", 5.0, {"x": 3})
+    assert retold.user_attrs[trial_mod.RETOLD_FOR] == t.number
+    assert not study.get_trials(states=(optuna.trial.TrialState.WAITING, optuna.trial.TrialState.RUNNING))
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_a_silent_process_measured_trial_is_retold_elsewhere_and_keeps_its_claim(postgres_url):
+    """Shared storage: the process died in the middle of telling A. Whoever fails its trial re-tells A's stored
+    measurement, and A's claim moves to the re-told trial: a process that asks A again reuses it, never times it."""
+    import optuna
+
+    from autotune.search import deaths
+
+    enqueue(postgres_url, [A])
+    here, there = _view(postgres_url, heartbeat=1, grace=1), _view(postgres_url, heartbeat=1, grace=1)
+    pending = here.ask()
+    outcome = trial_mod.Outcome("complete", "", {"tflops": 42.0, "config_key": A.key, "status": "complete"})
+    deaths.store_measurement(here.study, pending.trial, outcome)
+    pending.trial.set_user_attr("config_key", A.key)  # killed here, half-way through the tell
+    here.peers.heart.close()
+    try:
+        def failed():
+            optuna.storages.fail_stale_trials(there.study)
+            return load(postgres_url).trials[pending.trial.number].state.name == "FAIL"
+        wait_until(failed, 60, "stale trial failed by the other process")
+        retold = [t for t in load(postgres_url).trials if t.user_attrs.get(trial_mod.RETOLD_FOR) == pending.trial.number]
+        assert [(t.state.name, t.value) for t in retold] == [("COMPLETE", 42.0)]
+        assert not any(t.system_attrs.get("failed_trial") == pending.trial.number for t in load(postgres_url).trials)
+        enqueue(postgres_url, [A])
+        assert there.ask() is None  # A asked again: its result reused, not claimed from the dead trial and timed
+        repeat = load(postgres_url).trials[-1]
+        assert repeat.user_attrs.get(trial_mod.DUPLICATE_OF) == retold[0].number, repeat.user_attrs
     finally:
         there.abandon("interrupted: test over")
         here.peers.close(), there.peers.close()

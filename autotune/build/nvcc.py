@@ -34,32 +34,36 @@ def _torch_cuda_home() -> str | None:
     return cpp_extension.CUDA_HOME
 
 
+def _under(home: str | None, name: str, unset: str, tried: list[str]) -> Path | None:
+    """`home`/bin/nvcc when it is an executable file; else None, with why noted in `tried` (`name`: how the
+    message calls that home; `unset`: what to say when it is not known at all)."""
+    if not home:
+        tried.append(unset)
+        return None
+    candidate = Path(home) / "bin" / "nvcc"
+    if _executable(candidate):
+        return candidate
+    tried.append(f"{name}/bin/nvcc = {candidate} (not an executable file)")
+    return None
+
+
 def find_nvcc() -> Path:
     """The nvcc to use; raises NvccNotFoundError saying where it looked and how to fix it."""
     tried: list[str] = []
 
-    cuda_home = os.environ.get("CUDA_HOME")
-    if cuda_home:
-        candidate = Path(cuda_home) / "bin" / "nvcc"
-        if _executable(candidate):
-            return candidate
-        tried.append(f"$CUDA_HOME/bin/nvcc = {candidate} (not an executable file)")
-    else:
-        tried.append("$CUDA_HOME/bin/nvcc (CUDA_HOME is not set)")
+    found = _under(os.environ.get("CUDA_HOME"), "$CUDA_HOME", "$CUDA_HOME/bin/nvcc (CUDA_HOME is not set)", tried)
+    if found:
+        return found
 
     on_path = shutil.which("nvcc")
     if on_path:
         return Path(on_path)
     tried.append("nvcc on PATH (not found)")
 
-    torch_home = _torch_cuda_home()
-    if torch_home:
-        candidate = Path(torch_home) / "bin" / "nvcc"
-        if _executable(candidate):
-            return candidate
-        tried.append(f"torch.utils.cpp_extension.CUDA_HOME/bin/nvcc = {candidate} (not an executable file)")
-    else:
-        tried.append("torch.utils.cpp_extension.CUDA_HOME (torch not importable or CUDA_HOME unknown to it)")
+    found = _under(_torch_cuda_home(), "torch.utils.cpp_extension.CUDA_HOME",
+                   "torch.utils.cpp_extension.CUDA_HOME (torch not importable or CUDA_HOME unknown to it)", tried)
+    if found:
+        return found
 
     candidate = DEFAULT_CUDA_HOME / "bin" / "nvcc"
     if _executable(candidate):

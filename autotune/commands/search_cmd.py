@@ -113,7 +113,8 @@ def add_parser(subparsers) -> None:
                         f"{DEFAULT_HEARTBEAT})")
     w.add_argument("--grace", type=int, default=DEFAULT_GRACE, metavar="SECONDS",
                    help=f"shared storages: a trial without a heartbeat for this long belonged to a dead process; "
-                        f"it is failed and re-queued once (default {DEFAULT_GRACE})")
+                        f"it is failed, then re-told from its measurement or re-queued (docs/distributed.md; "
+                        f"default {DEFAULT_GRACE})")
 
     e = p.add_argument_group("build and evaluation")
     e.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")

@@ -31,6 +31,7 @@ from typing import Any, Iterable
 import space
 from space import Arch, Config, Shape
 
+from ..store.best_table import write_atomically
 from ..store.storage_url import default_root, gpu_slug
 
 FORMAT, VERSION = "autotune-landscape", 1
@@ -169,12 +170,11 @@ class Landscape:
         self.rows[row.config_key] = row
 
     def save(self, path: str | Path | None = None) -> Path:
-        """Write atomically (a sweep rewrites the file as it goes; a reader never sees half of it)."""
+        """Write atomically (a sweep rewrites the file as it goes; a reader never sees half of it, and two
+        writers never share a temporary file). Creates the directory: a sweep names where its landscape goes."""
         path = Path(path or self.path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(dumps(self))
-        tmp.replace(path)
+        write_atomically(path, dumps(self))
         self.path = path
         return path
 

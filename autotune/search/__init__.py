@@ -6,10 +6,10 @@ plugged in), what a search is asked and answers (options.py), the Optuna study a
 (study.py), one trial's verdict and how it is told (verdicts.py), the design space as Optuna parameters and the
 samplers (sampling.py), the overlapping ask / build / evaluate stages (pipeline.py), progress lines and the
 summary (progress.py), the final re-timing (retime.py), the processes sharing a study: heartbeats, claims and
-stale trials (coordination.py) and the worker processes of --workers (distributed.py), warm starts from tuned
-neighbours (warm_start.py), campaigns over many shapes (campaign.py: the file and the order; campaign_run.py:
-the run, its budget and resuming; campaign_table.py: the closing table), and samplers compared on recorded
-landscapes (sampler_comparison.py, comparison_report.py).
+stale trials (coordination.py), what becomes of a trial whose process died (deaths.py), the worker processes of
+--workers (distributed.py), warm starts from tuned neighbours (warm_start.py), campaigns over many shapes
+(campaign.py: the file and the order; campaign_run.py: the run, its budget and resuming; campaign_table.py: the
+closing table), and samplers compared on recorded landscapes (sampler_comparison.py, comparison_report.py).
 
 May import: build, launch, measure, store, landscapes (and space/).
 

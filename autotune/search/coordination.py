@@ -2,16 +2,19 @@
 
 The storage decides the mode (docs/distributed.md says why):
 
-* **Solo** — SQLite. One search process per study, enforced by StudyLock (a second one is refused). Trials found RUNNING when a run starts were left by a run
-  that died (kill -9, power): they are failed at once and re-queued once. No heartbeat, no claims: the
+* **Solo** — SQLite. One search process per study, enforced by StudyLock (a second one is refused). Trials
+  found RUNNING when a run starts were left by a run that died (kill -9, power): they are failed at once, then
+  re-told from their stored measurement, re-queued or given up (deaths.py). No heartbeat, no claims: the
   search's in-process memory (study.StudyMemory) already keeps a config from being timed twice.
 
 * **Shared** — PostgreSQL, MySQL: any number of processes on any number of hosts.
   - Heartbeat: every trial this process holds (asked and not yet told) gets an Optuna heartbeat every
     `heartbeat` seconds from a background thread, the first one synchronously right after the ask. A process
     killed with SIGKILL stops beating; `grace` seconds later, whichever process refreshes first fails its
-    trials (Optuna's fail_stale_trials) and re-queues each once (Optuna's retry callback, max_retry=1): the
-    retry is a WAITING trial with the same params, which the next ask anywhere picks up.
+    trials (Optuna's fail_stale_trials), and deaths.py decides what becomes of each: a trial that had been
+    measured is re-told from its stored measurement; one that had not is re-queued (a WAITING trial with the
+    same params, which the next ask anywhere picks up), unless its config's process already died while
+    evaluating it once before (then it is given up).
   - Claims (claims.py): before a config is built, its (study, config) row is claimed. A config claimed by a
     running trial elsewhere is not started again; one judged elsewhere reuses that result; one whose owner
     failed is taken over.
@@ -41,8 +44,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..store import transient
-from ..store.claims import Claims
+from ..store.claims import Claims, Owner
 
+from . import deaths
 from . import study as studies
 from . import verdicts as trial_mod
 
@@ -64,37 +68,29 @@ def is_shared(url: str) -> bool:
 # -- storage --------------------------------------------------------------------------------------------------
 
 class _OnStale:
-    """Optuna's stale-trial callback: say so, then re-queue the trial once (a trial that never got its params
-    has nothing to retry). The log function is attached after the storage is made."""
+    """Optuna's stale-trial callback, run by the one process whose heartbeat check failed the trial; the same for
+    a SQLite run failing the trials its predecessor left running (Solo.start). deaths.after_death decides: re-tell
+    the trial's stored measurement, re-queue it, or give its config up. On a shared storage (`url`), a re-told
+    config's claim moves to the re-told trial, so that no process takes the claim over from the dead trial and
+    times the config again. The log function is attached after the storage is made."""
 
-    def __init__(self):
-        import optuna
-
-        cls = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
-        if cls is None:  # Optuna < 4.9
-            cls = optuna.storages.RetryFailedTrialCallback
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # experimental / deprecated-alias warnings: the behaviour is what we want
-            self.retry = cls(max_retry=1)
+    def __init__(self, url: str | None = None):
+        self.url = url
         self.log: Callable[[str], None] = lambda line: None
-        self.failed: list[int] = []
 
     def __call__(self, study, trial) -> None:
-        self.failed.append(trial.number)
-        retried = trial.system_attrs.get("retry_history", [])
-        if not trial.params:
-            self.log(f"note: trial #{trial.number} was left running by a process that stopped (no heartbeat); "
-                     "failed (it had no config yet: nothing to retry)")
+        deaths.after_death(study, trial, self.log, on_retold=self._move_claim if self.url else None)
+
+    def _move_claim(self, study, dead, outcome, number: int, trial_id: int) -> None:
+        key = outcome.attrs.get("config_key")
+        if not key:
             return
-        if retried:
-            self.log(f"note: trial #{trial.number} (a retry of #{retried[0]}) was left running by a process that "
-                     "stopped too; failed, not retried again")
-        else:
-            self.log(f"note: trial #{trial.number} was left running by a process that stopped (no heartbeat); "
-                     "failed and re-queued once")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self.retry(study, trial)
+        claims = Claims(self.url)
+        try:
+            # Conditioned on the dead owner: if someone took the claim over meanwhile, theirs stands.
+            claims.take_over(study._study_id, key, Owner(dead._trial_id, dead.number, ""), trial_id, number)
+        finally:
+            claims.close()
 
 
 def make_storage(url: str, heartbeat: int = DEFAULT_HEARTBEAT, grace: int = DEFAULT_GRACE):
@@ -112,7 +108,7 @@ def make_storage(url: str, heartbeat: int = DEFAULT_HEARTBEAT, grace: int = DEFA
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         # pool_pre_ping: a long search outlives server restarts and idle-connection reapers
         kwargs = dict(engine_kwargs={"pool_pre_ping": True}, heartbeat_interval=heartbeat, grace_period=grace,
-                      **{name: _OnStale()})
+                      **{name: _OnStale(url)})
         for attempt in range(5):
             try:
                 return transient.call(retrying_storage(), url, **kwargs)
@@ -339,7 +335,10 @@ class Solo:
         self.rdb, self.log = rdb, log
 
     def start(self, study, memory, search_space) -> None:
-        studies.fail_stale_running(study, log=self.log, on_failed=_OnStale().retry)  # the same retry-once rule
+        on_died = _OnStale()  # what the heartbeat check of a shared storage does with a dead trial
+        on_died.log = self.log
+        if studies.fail_stale_running(study, log=self.log, on_failed=on_died):
+            memory.absorb(study.get_trials(deepcopy=False), search_space.problem)  # the re-told results count
 
     def held(self, trial) -> None:
         pass

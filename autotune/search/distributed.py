@@ -233,7 +233,7 @@ def run_workers(target: Callable, options, devices: list[str], log,
     for index, p in enumerate(procs):
         if index not in summaries:
             died.append(f"worker {index} (GPU {devices[index]}) died ({_exit_text(p.exitcode)}); its trials are "
-                        "failed by the heartbeat check and re-queued once")
+                        "failed by the heartbeat check, then re-told or re-queued")
             log(f"[w{index}] died ({_exit_text(p.exitcode)})")
     return summaries, died, interrupted
 

@@ -46,6 +46,7 @@ from ..store import storage_url
 from ..store.best_table import BestStore
 from ..store.claims import Claims
 from . import coordination as peers
+from . import deaths
 from . import distributed
 from . import retime as winner
 from . import study as studies
@@ -443,6 +444,7 @@ class TrialLoop:
     def start_eval(self, pending: _Pending, build) -> None:
         if self.gpu_lock is not None:
             self.gpu_lock.acquire()  # another worker may be timing on this GPU: wait for its turn to end
+        deaths.mark_evaluating(self.study, pending.trial)  # a death from here on may be the config's doing
         self._eval_started = time.monotonic()
         self.evaluator.submit(build, self.shape)
 
@@ -475,6 +477,8 @@ class TrialLoop:
 
     def finish(self, pending: _Pending, outcome: Outcome) -> None:
         with interrupts.critical():  # told, then out of in_flight: an interrupt never finds it half-way
+            # One write first: a kill during the tell's writes then costs no measurement (deaths.py re-tells it).
+            deaths.store_measurement(self.study, pending.trial, outcome)
             self._tell(pending.trial, outcome, pending.config, remember=True)
             original = self.memory.by_config[pending.config.key].number
             for follower in pending.followers:

@@ -60,9 +60,10 @@ def open_study(name: str, storage, sampler, shape: Shape, arch: Arch, gpu_name: 
 
 def fail_stale_running(study, log=print, on_failed=None) -> int:
     """Trials left RUNNING by an earlier run that died (kill -9, power) are finished as FAIL so they stop
-    counting as in-flight guesses, and `on_failed(study, frozen_trial)` re-queues those that had a config.
-    Only for a study with one search process (SQLite; coordination.py): on a shared storage another process's live
-    trials are RUNNING too, and only the heartbeat tells the dead from the living."""
+    counting as in-flight guesses; then `on_failed(study, frozen_trial)` decides what becomes of each (re-told,
+    re-queued or given up: deaths.py). Only for a study with one search process (SQLite; coordination.py): on a
+    shared storage another process's live trials are RUNNING too, and only the heartbeat tells the dead from the
+    living. Returns how many were failed."""
     from optuna.trial import TrialState
 
     stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
@@ -72,11 +73,10 @@ def fail_stale_running(study, log=print, on_failed=None) -> int:
         except Exception:  # finished meanwhile: nothing to mark
             continue
         trial_mod.abandon(study, t.number, DIED_REASON)
-        if on_failed is not None and t.params:
+        if on_failed is not None:
             on_failed(study, study._storage.get_trial(t._trial_id))
     if stale:
-        again = " and re-queued once" if on_failed is not None else ""
-        log(f"note: {len(stale)} trial(s) left running by an earlier run were marked failed{again}")
+        log(f"note: {len(stale)} trial(s) left running by an earlier run were marked failed")
     return len(stale)
 
 

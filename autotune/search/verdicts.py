@@ -41,6 +41,8 @@ SAME_CUBIN_AS = "same_cubin_as"   # different config, identical cubin and launch
 RUNNING_IN = "running_in"
 # On a trial re-recorded because the process's own trial was failed under it (missed heartbeats): the lost number.
 LATE_FOR = "late_for"
+# On a trial recording the verdict of a trial whose process died after measuring it (deaths.py): the dead number.
+RETOLD_FOR = "retold_for"
 # How the reasons of trials failed on purpose begin (abandon's callers: Ctrl-C, --timeout); any other FAIL trial
 # without RUNNING_IN died (study.status_counts).
 ABANDONED_REASONS = ("interrupted", "cancelled")
@@ -147,7 +149,8 @@ def from_trial(trial) -> Outcome | None:
         return None
     if status == "complete" and not _finite(attrs.get("tflops")):
         return None
-    keep = {k: v for k, v in attrs.items() if k != CONSTRAINT_ATTR and k not in (DUPLICATE_OF, SAME_CUBIN_AS, LATE_FOR)}
+    markers = (CONSTRAINT_ATTR, DUPLICATE_OF, SAME_CUBIN_AS, LATE_FOR, RETOLD_FOR)
+    keep = {k: v for k, v in attrs.items() if k not in markers}
     return Outcome(status, attrs.get("reason") or "", keep)
 
 
@@ -201,19 +204,24 @@ def _tell(study, trial, outcome: Outcome) -> bool:
 
 def _add_late(study, trial, outcome: Outcome) -> int:
     """The outcome as a new finished trial with `trial`'s params; returns its number."""
+    return record_anew(study, study._storage.get_trial(trial._trial_id), outcome, LATE_FOR)[0]
+
+
+def record_anew(study, frozen, outcome: Outcome, marker: str) -> tuple[int, int]:
+    """`outcome` as a new finished trial with the params of `frozen` (a trial failed before it was told), marked
+    `marker` = the failed trial's number; returns the new trial's (number, id)."""
     import optuna
     from optuna.trial import TrialState
 
-    frozen = study._storage.get_trial(trial._trial_id)
     attrs = {k: v for k, v in outcome.attrs.items() if v is not None}
-    attrs.update({CONSTRAINT_ATTR: [outcome.constraint], LATE_FOR: trial.number})
+    attrs.update({CONSTRAINT_ATTR: [outcome.constraint], marker: frozen.number})
     complete = outcome.status == "complete"
     extra = {"constraints": {CONSTRAINT_NAME: outcome.constraint}} if set_constraint_supported() else {}
     template = optuna.trial.create_trial(
         state=TrialState.COMPLETE if complete else TrialState.PRUNED, value=outcome.value if complete else None,
         params=frozen.params, distributions=frozen.distributions, user_attrs=attrs, **extra)
     trial_id = study._storage.create_new_trial(study._study_id, template_trial=template)
-    return study._storage.get_trial(trial_id).number
+    return study._storage.get_trial(trial_id).number, trial_id
 
 
 def defer(study, trial, config: Config, owner: int | None) -> None:
@@ -254,6 +262,6 @@ def abandon(study, trial, reason: str) -> None:  # trial: optuna Trial or trial 
                 return  # the storage is gone while shutting down; the heartbeat check fails it later
 
 
-__all__ = ["ABANDONED_REASONS", "CONSTRAINT_ATTR", "DUPLICATE_OF", "LATE_FOR", "Outcome", "RUNNING_IN", "SAME_CUBIN_AS", "STATUSES",
-           "USER_ATTRS", "abandon", "after_build", "after_eval", "build_attrs", "config_attrs", "defer",
-           "from_trial", "invalid", "reused", "tell"]
+__all__ = ["ABANDONED_REASONS", "CONSTRAINT_ATTR", "DUPLICATE_OF", "LATE_FOR", "Outcome", "RETOLD_FOR", "RUNNING_IN",
+           "SAME_CUBIN_AS", "STATUSES", "USER_ATTRS", "abandon", "after_build", "after_eval", "build_attrs",
+           "config_attrs", "defer", "from_trial", "invalid", "record_anew", "reused", "tell"]
