@@ -513,16 +513,23 @@ class TrialLoop:
 
 def finale(result: SearchResult, session: Session, options: SearchOptions, store,
            log: Callable[[str], None]) -> None:
-    """Re-time the top configs next to the baselines (one worker session), record both on the study, and store
-    the winner. `store` is a BestStore or the URL to open one at."""
+    """Re-time the top configs interleaved, in rounds, next to the baselines (one worker session; retime.py
+    decides the winner or a tie), record both on the study, and store the winner. `store` is a BestStore or the
+    URL to open one at."""
     study, builder, evaluator = session.study, session.builder, session.evaluator
     top = studies.top_trials(study, max(TOP_N, options.retime_top))
     result.top = top[:TOP_N]
     result.retimed, result.baselines, result.notes = winner.retime_and_baselines(
-        top[:options.retime_top], builder, evaluator, options.shape, log=log)
+        top[:options.retime_top], builder, evaluator, options.shape, rounds=options.retime_rounds,
+        arch=session.arch, log=log)
+    verdict = winner.decide(result.retimed)
+    if result.retimed:
+        result.notes.append(verdict.describe())
+        log(verdict.describe())
     study.set_user_attr("baselines", result.baselines)
-    study.set_user_attr("retimed", [r.as_attr() for r in result.retimed])
-    best = winner.pick(result.retimed)
+    study.set_user_attr("retimed", [{**r.as_attr(), "chosen": r is verdict.chosen, "tied": r in verdict.tied}
+                                    for r in result.retimed])
+    best = verdict.chosen
     if best is None:
         return
     own = isinstance(store, str)
