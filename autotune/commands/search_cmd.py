@@ -97,6 +97,9 @@ def add_parser(subparsers) -> None:
                    help="try this config first (repeatable), e.g. a known good one from `autotune best`")
     s.add_argument("--retime", type=int, default=5, metavar="N",
                    help="re-time the top N configs in one session before storing the best (default 5)")
+    s.add_argument("--no-sweep", dest="sweep", action="store_false",
+                   help="always use the sampler; by default, when the searched families have no more valid configs "
+                        "than --trials, the search tries them all (docs/search.md)")
     s.add_argument("--retime-rounds", type=int, default=3, metavar="R",
                    help="rounds of that re-timing, interleaved (A B C, A B C, ...); a winner whose rounds overlap "
                         "the runner-up's is a tie, and the simplest tied config is kept (default 3)")
@@ -194,7 +197,8 @@ def options_from_args(args: argparse.Namespace):
         storage=args.storage, study_name=args.study, arch=args.arch,
         families=tuple(args.family) if args.family else None, spill_policy=SpillPolicy.parse(args.spill_policy),
         jobs=args.jobs, ahead=args.ahead, eval_timeout=args.eval_timeout, cache_dir=args.cache_dir,
-        retime_top=args.retime, retime_rounds=args.retime_rounds, enqueue=tuple(enqueue), max_asks=args.max_asks, replay=replay,
+        retime_top=args.retime, retime_rounds=args.retime_rounds, sweep=args.sweep, enqueue=tuple(enqueue),
+        max_asks=args.max_asks, replay=replay,
         workers=args.workers, gpus=tuple(d for d in args.gpus.split(",") if d.strip()) if args.gpus else None,
         heartbeat=args.heartbeat, grace=args.grace, warm_start=args.warm_start or 0,
         **({"evaluator": args.evaluator} if args.evaluator else {}),

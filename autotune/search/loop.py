@@ -47,6 +47,7 @@ from ..store.best_table import BestStore
 from ..store.claims import Claims
 from . import coordination as peers
 from . import distributed
+from . import exhaustive
 from . import retime as winner
 from . import study as studies
 from . import verdicts as trial_mod
@@ -85,6 +86,7 @@ def _search(options: SearchOptions, builder, evaluator, store, log: Callable[[st
     if options.workers > 1:
         distributed.refuse_sqlite(url, options.workers)
     session = open_session(options, url, builder=builder, evaluator=evaluator, log=log)
+    options = plan_sweep(session, options, log)
     opened = time.monotonic()
     try:
         result = trials(session, options, store, log)
@@ -174,6 +176,7 @@ class Session:
     study: object
     device_info: dict = field(default_factory=dict)  # the evaluator's answer (or the launcher's, in a worker)
     lock: object = None  # coordination.StudyLock of a SQLite study, held until the search ends
+    sweep: tuple = ()  # every valid config, in queue order, when the search sweeps them all (plan_sweep)
 
     def close(self) -> None:
         if self.own_evaluator:
@@ -228,14 +231,33 @@ def open_session(options: SearchOptions, url: str, *, builder=None, evaluator=No
                    prov, search_space, name, storage, study, info, lock)
 
 
+def plan_sweep(session: Session, options: SearchOptions, log) -> SearchOptions:
+    """When the searched families have no more valid configs than --trials, sweep them all (exhaustive.py): the
+    budget becomes their number, the sampler a random one (every value is queued), and queue_first queues them."""
+    if not options.sweep:
+        return options
+    decision = exhaustive.decide(options.shape.problem, session.arch, session.search_space.families, options.trials)
+    log(decision.message)
+    if not decision.sweep:
+        return options
+    session.sweep = tuple(exhaustive.sweep_order(decision.configs, options.shape.problem, session.arch))
+    session.study.sampler = make_sampler("random", options.seed)
+    return dataclasses.replace(options, trials=len(decision.configs), sampler="random")
+
+
 def queue_first(session: Session, memory, options: SearchOptions, store, log) -> None:
     """A fresh study's first trials: the best configs of tuned neighbour shapes (--warm-start), the heuristic
-    default of each family, then --enqueue."""
+    default of each family, then --enqueue; when sweeping, every other valid config after them."""
     warm: list[Config] = []
     if options.warm_start and not session.study.trials:
         warm = warm_start.neighbour_configs(store or session.url, session.storage, options.shape, session.gpu_name,
                                            session.arch, options.warm_start, log=log)
     enqueue_first(session.study, session.search_space, memory, options, session.arch, warm)
+    if session.sweep:
+        started = time.monotonic()
+        n = exhaustive.queue_sweep(session.study, session.search_space, session.sweep, memory.by_config)
+        log(f"sweep: queued {n} config(s) in {time.monotonic() - started:.1f} s "
+            f"({len(session.sweep) - n} judged or queued already)")
 
 
 def enqueue_first(study, search_space: SearchSpace, memory, options: SearchOptions, arch: Arch,
@@ -588,4 +610,4 @@ def choose_arch(requested: str | None, device_arch: str | None) -> Arch:
 
 __all__ = ["DEFAULT_EVAL_TIMEOUT", "DEFAULT_TRIALS", "Session", "SearchInterrupted", "SearchOptions", "SearchResult",
            "TrialLoop", "abandon_through_interrupts", "choose_arch", "enqueue_first", "finale", "open_session",
-           "plug_replay", "queue_first", "run_search", "run_trials", "run_worker"]
+           "plan_sweep", "plug_replay", "queue_first", "run_search", "run_trials", "run_worker"]

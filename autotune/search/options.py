@@ -43,6 +43,7 @@ class SearchOptions:
     retime_rounds: int = DEFAULT_ROUNDS    # interleaved rounds of that re-timing
     enqueue: tuple[Config, ...] = ()       # configs to try first (the heuristic default always is)
     max_asks: int | None = None
+    sweep: bool = True                     # sweep every valid config when they fit in --trials (exhaustive.py)
     nvcc_flags: tuple[str, ...] = ()       # extra nvcc flags (experiments, tests); part of the build cache key
     workers: int = 1                       # worker processes on this host (distributed.py); > 1 needs a server storage
     gpus: tuple[str, ...] | None = None    # CUDA_VISIBLE_DEVICES values for the workers (default: every visible GPU)

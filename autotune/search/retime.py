@@ -2,7 +2,7 @@
 (or a tie) from the measured spreads; store it.
 
 Trial times come from many moments of a long run (clocks, temperature, other tenants), so the winner is decided
-by timing the few best again in one worker process, next to the SDPA baselines measured there too:
+by timing the few best again in one worker process (measure/rounds.py), next to the SDPA baselines measured there:
 
     round 1:  A B C D E        every finalist once, in rank order (each evaluation checks, then times)
     round 2:  A B C D E        the same order again: a drift of the GPU (clocks, heat) spreads over all of
@@ -21,15 +21,15 @@ runs anyway, and a fixed rule among noise-equal configs makes two sessions pick 
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Callable
 
-import space
 from space import Arch, Config, Shape
 
 from ..measure.child_process import EvalOutcome
+from ..measure.rounds import interleave, summarize
 from ..store.best_table import BestEntry
+from .exhaustive import distance_to_default
 
 DEFAULT_ROUNDS = 3
 
@@ -156,46 +156,9 @@ def retime_and_baselines(top: list, builder, evaluator, shape: Shape, *, rounds:
     return retimed, baselines, notes
 
 
-def interleave(evaluator, builds: list, shape: Shape, rounds: int) -> list[list[EvalOutcome]]:
-    """Round-robin: each round evaluates every build still in, in the given order; a build (None: skipped) that
-    fails a round is out. Returns each build's outcomes, in round order."""
-    out: list[list[EvalOutcome]] = [[] for _ in builds]
-    for _ in range(rounds):
-        for build, outcomes in zip(builds, out):
-            if build is None or (outcomes and not outcomes[-1].ok):
-                continue
-            outcomes.append(evaluator.evaluate(build, shape))
-    return out
-
-
-def summarize(outcomes: list[EvalOutcome]) -> EvalOutcome:
-    """One outcome for a finalist's rounds: the first failure, else the median TFLOPS and time of the rounds with
-    the slowest - fastest round as the spread (one round: that round as it is)."""
-    if not outcomes:
-        return EvalOutcome("crashed", "not re-timed")
-    failed = next((o for o in outcomes if not o.ok), None)
-    if failed is not None:
-        return failed
-    if len(outcomes) == 1:
-        return outcomes[0]
-    times = [o.time_ms for o in outcomes if o.time_ms]
-    first = outcomes[0]
-    return EvalOutcome("complete", first.reason, statistics.median(o.tflops for o in outcomes),
-                       statistics.median(times) if times else None, (max(times) - min(times)) if times else None,
-                       max((o.max_error for o in outcomes if o.max_error is not None), default=None),
-                       first.blocks_per_sm)
-
-
 def default_distance(config: Config, shape: Shape, arch: Arch | None) -> int | None:
     """How many axes of `config` differ from its family's heuristic default for the shape (None: unknown)."""
-    if arch is None:
-        return None
-    try:
-        default = space.default_config(shape.problem, arch, config.family)
-    except (KeyError, ValueError):
-        return None
-    mine, theirs = config.as_dict(), default.as_dict()
-    return sum(1 for axis, value in mine.items() if theirs.get(axis) != value)
+    return None if arch is None else distance_to_default(config, shape.problem, arch)
 
 
 def decide(retimed: list[Retimed]) -> Verdict:
@@ -234,5 +197,5 @@ def store_best(store, best: Retimed, shape: Shape, gpu_name: str, arch: Arch, st
     return store.record_best(entry)
 
 
-__all__ = ["DEFAULT_ROUNDS", "Retimed", "Verdict", "decide", "default_distance", "interleave", "pick",
-           "retime_and_baselines", "store_best", "summarize"]
+__all__ = ["DEFAULT_ROUNDS", "Retimed", "Verdict", "decide", "default_distance", "pick", "retime_and_baselines",
+           "store_best"]
