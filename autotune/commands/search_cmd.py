@@ -144,8 +144,8 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-REPLAY_VARIES = ("--sampler, --seed, --trials, --timeout, --max-asks, --enqueue, --retime, --retime-rounds and "
-                 "--family (among the recorded families)")
+REPLAY_VARIES = ("--sampler, --seed, --trials, --timeout, --max-asks, --enqueue, --retime, --retime-rounds, "
+                 "--no-sweep and --family (among the recorded families)")
 
 
 def replay_shape(args: argparse.Namespace, replay) -> space.Shape:
