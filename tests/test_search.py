@@ -197,13 +197,14 @@ def test_trial_pipeline_with_real_builds(tmp_path, spy, double):
     assert ua["baselines"] == {"sdpa_flash": pytest.approx(150.0), "sdpa_cudnn": pytest.approx(200.0),
                                "sdpa_efficient": pytest.approx(90.0)}
     assert [r["trial"] for r in ua["retimed"]][0] == first_a.number
+    assert [(r["chosen"], len(r["rounds_tflops"])) for r in ua["retimed"]] == [(True, rounds), (False, rounds)]
 
     # what the user sees
     assert any(line.startswith("[1/3]") for line in lines) and any(line.startswith("[3/3]") for line in lines)
     assert any("best " in line and A.key in line for line in lines)
     text = format_result(result)
     for needle in ("pruned for register spills: 1", "GPU idle waiting for builds", "sdpa_flash", "sdpa_cudnn",
-                   "stored: inserted", A.key, "re-timed in one session"):
+                   "stored: inserted", A.key, "re-timed in one session", f"re-timed {rounds} round(s), interleaved"):
         assert needle in text, needle
 
 

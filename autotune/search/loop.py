@@ -549,8 +549,8 @@ def finale(result: SearchResult, session: Session, options: SearchOptions, store
         result.notes.append(verdict.describe())
         log(verdict.describe())
     study.set_user_attr("baselines", result.baselines)
-    study.set_user_attr("retimed", [{**r.as_attr(), "chosen": r is verdict.chosen, "tied": r in verdict.tied}
-                                    for r in result.retimed])
+    study.set_user_attr("retimed", [{**r.as_attr(), "chosen": r is verdict.chosen,
+                                     "tied": any(r is x for x in verdict.tied)} for r in result.retimed])
     best = verdict.chosen
     if best is None:
         return
