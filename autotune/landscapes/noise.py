@@ -9,9 +9,9 @@ host, another day, the same kernel sources) shows how much of the ranking surviv
                   (measure/rounds.py); the session is appended to the file (landscape_file: header `sessions`,
                   per-row `sessions` entries), the rest of the file untouched
     session_table config, the recorded TFLOPS, this session's median, its spread over the rounds, rank change
-    noise_band    over the sessions that measured the same kernel sources as the latest one: per config, the
-                  spread of its session medians, (max - min) / median; the band is the median of that over the
-                  configs measured in at least two of them (and the largest, for the worst case)
+    noise_band    over the sessions like the latest one (its kernel sources, nvcc and GPU model): per config,
+                  the spread of its session medians, (max - min) / median; the band is the median of that over
+                  the configs measured in at least two of them (and the largest, for the worst case)
 
 The within-session spread (one session's rounds) is reported beside it: it is what the search's finale can see
 (search/retime.py), and the band is what it cannot.
@@ -135,7 +135,7 @@ def format_table(landscape: Landscape, session_id: str) -> list[str]:
 @dataclass(frozen=True)
 class NoiseBand:
     landscape: str
-    sessions: int               # sessions that measured the latest session's kernel sources
+    sessions: int               # sessions like the latest: its kernel sources, nvcc and GPU model
     configs: int                # configs measured (complete) in at least two of them
     band: float                 # median over those configs of (max - min) / median of their session medians
     worst: float                # the largest of those
@@ -149,13 +149,13 @@ class NoiseBand:
 
 def noise_band(landscape: Landscape) -> NoiseBand:
     """The cross-session band (module docstring); ValueError when fewer than two sessions measured the latest
-    session's kernel sources, or no config completed in two of them."""
+    session's kernel sources with its nvcc on its GPU model, or no config completed in two of them."""
     sessions = landscape.sessions
     if not sessions:
         raise ValueError(f"{landscape.name}: no re-measurement session recorded (benchmarks/landscape_noise.py)")
     latest = sessions[-1]
-    same = {s["id"] for s in sessions if s.get("kernel_source_hash") == latest.get("kernel_source_hash")
-            and s.get("nvcc_version") == latest.get("nvcc_version")}
+    same = {s["id"] for s in sessions
+            if all(s.get(k) == latest.get(k) for k in ("gpu_name", "kernel_source_hash", "nvcc_version"))}
     if len(same) < 2:
         raise ValueError(f"{landscape.name}: {len(same)} session(s) measured the latest kernel sources; the noise "
                          "band needs at least two (run benchmarks/landscape_noise.py in another GPU session)")
