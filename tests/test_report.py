@@ -296,6 +296,14 @@ def test_header_prefers_the_final_retiming(view):
     assert info.vs_baseline["SDPA flash (FA2)"] == pytest.approx(500.0 / 342.0)
 
 
+def test_header_names_the_retiming_the_search_chose(view):
+    """A tie keeps the simplest finalist, which need not be the fastest re-timing: the header shows the stored one."""
+    first, second = sorted(view.complete, key=lambda t: -t.tflops)[:2]
+    retimed = (Retimed(first.number, first.config_key, 501.0), Retimed(second.number, second.config_key, 500.0, True))
+    info = data.header_info(dataclasses.replace(view, retimed=retimed))
+    assert (info.best_number, info.best_config, info.retimed_tflops) == (second.number, second.config_key, 500.0)
+
+
 def test_shape_text_names_gqa_and_causal():
     text = data.shape_text({"batch": 2, "heads": 32, "kv_heads": 8, "seqlen_q": 1024, "seqlen_k": 2048,
                             "head_dim": 64, "dtype": "bf16", "causal": True})

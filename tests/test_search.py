@@ -170,7 +170,8 @@ def test_trial_pipeline_with_real_builds(tmp_path, spy, double):
     assert repeat_a.user_attrs["duplicate_of"] == first_a.number
     assert sum(1 for call in spy.calls[:-1] for k in call if k == A.key) == 1  # the last call is the re-timing
     evaluated = double.evaluated()
-    assert evaluated.count(A.key) == 2 and evaluated.count(B.key) == 2  # one trial + one re-timing each
+    rounds = SearchOptions(shape=SHAPE).retime_rounds
+    assert evaluated.count(A.key) == 1 + rounds and evaluated.count(B.key) == 1 + rounds  # a trial + the re-timing's rounds
 
     # counts, budget and stop
     assert result.evaluated == 3 and result.stop_reason == "reached 3 evaluated trials"
@@ -196,13 +197,14 @@ def test_trial_pipeline_with_real_builds(tmp_path, spy, double):
     assert ua["baselines"] == {"sdpa_flash": pytest.approx(150.0), "sdpa_cudnn": pytest.approx(200.0),
                                "sdpa_efficient": pytest.approx(90.0)}
     assert [r["trial"] for r in ua["retimed"]][0] == first_a.number
+    assert [(r["chosen"], len(r["rounds_tflops"])) for r in ua["retimed"]] == [(True, rounds), (False, rounds)]
 
     # what the user sees
     assert any(line.startswith("[1/3]") for line in lines) and any(line.startswith("[3/3]") for line in lines)
     assert any("best " in line and A.key in line for line in lines)
     text = format_result(result)
     for needle in ("pruned for register spills: 1", "GPU idle waiting for builds", "sdpa_flash", "sdpa_cudnn",
-                   "stored: inserted", A.key, "re-timed in one session"):
+                   "stored: inserted", A.key, "re-timed in one session", f"re-timed {rounds} round(s), interleaved"):
         assert needle in text, needle
 
 
@@ -266,7 +268,7 @@ def test_a_second_run_resumes_without_repeating_work(tmp_path, spy, double):
     assert second.evaluated == 2 and second.stop_reason == "reached 2 evaluated trials"
     assert any("1 of 2 trials already evaluated" in line for line in lines)
     assert spy.built == {E.key}                                   # A was neither rebuilt...
-    assert [c["config_key"] for c in double.calls()[mark:]] == [E.key, E.key]  # ...nor re-run (trial + re-time)
+    assert [c["config_key"] for c in double.calls()[mark:]] == [E.key] * 4  # ...nor re-run (trial + 3 re-timings)
     new = [t for t in study.trials if t.number not in numbers_before]
     assert min(t.number for t in new) > max(numbers_before)
     (again,) = [t for t in new if t.user_attrs["config_key"] == A.key]

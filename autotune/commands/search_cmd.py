@@ -95,8 +95,14 @@ def add_parser(subparsers) -> None:
                         "of spill stores + loads")
     s.add_argument("--enqueue", action="append", default=[], metavar="CONFIG_KEY",
                    help="try this config first (repeatable), e.g. a known good one from `autotune best`")
-    s.add_argument("--retime", type=int, default=3, metavar="N",
-                   help="re-time the top N configs in one session before storing the best (default 3)")
+    s.add_argument("--retime", type=int, default=5, metavar="N",
+                   help="re-time the top N configs in one session before storing the best (default 5)")
+    s.add_argument("--no-sweep", dest="sweep", action="store_false",
+                   help="always use the sampler; by default, when the searched families have no more valid configs "
+                        "than --trials, the search tries them all (docs/search.md)")
+    s.add_argument("--retime-rounds", type=int, default=3, metavar="R",
+                   help="rounds of that re-timing, interleaved (A B C, A B C, ...); a winner whose rounds overlap "
+                        "the runner-up's is a tie, and the simplest tied config is kept (default 3)")
     s.add_argument("--warm-start", type=int, default=None, metavar="K",
                    help="a fresh study first tries the best K configs of the nearest tuned shapes (default 0; "
                         "4 with several --seqlen values)")
@@ -139,8 +145,8 @@ def add_parser(subparsers) -> None:
     p.set_defaults(run=run)
 
 
-REPLAY_VARIES = ("--sampler, --seed, --trials, --timeout, --max-asks, --enqueue, --retime and --family (among the "
-                 "recorded families)")
+REPLAY_VARIES = ("--sampler, --seed, --trials, --timeout, --max-asks, --enqueue, --retime, --retime-rounds, "
+                 "--no-sweep and --family (among the recorded families)")
 
 
 def replay_shape(args: argparse.Namespace, replay) -> space.Shape:
@@ -192,7 +198,8 @@ def options_from_args(args: argparse.Namespace):
         storage=args.storage, study_name=args.study, arch=args.arch,
         families=tuple(args.family) if args.family else None, spill_policy=SpillPolicy.parse(args.spill_policy),
         jobs=args.jobs, ahead=args.ahead, eval_timeout=args.eval_timeout, cache_dir=args.cache_dir,
-        retime_top=args.retime, enqueue=tuple(enqueue), max_asks=args.max_asks, replay=replay,
+        retime_top=args.retime, retime_rounds=args.retime_rounds, sweep=args.sweep, enqueue=tuple(enqueue),
+        max_asks=args.max_asks, replay=replay,
         workers=args.workers, gpus=tuple(d for d in args.gpus.split(",") if d.strip()) if args.gpus else None,
         heartbeat=args.heartbeat, grace=args.grace, warm_start=args.warm_start or 0,
         **({"evaluator": args.evaluator} if args.evaluator else {}),

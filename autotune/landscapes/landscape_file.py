@@ -13,6 +13,13 @@ config key:
       ...
      ]}
 
+Re-measurements in later GPU sessions (landscapes/noise.py, benchmarks/landscape_noise.py) are optional and
+leave everything above as it was: the header's `sessions` lists each session ({"id", "date", "gpu_name",
+"kernel_source_hash", "nvcc_version", "evaluator", "rounds"}), and a re-measured row carries
+`"sessions": [{"session": id, "tflops": median of the rounds, "rounds": [TFLOPS, ...], "spread": (max - min) /
+median}, ...]` (or `{"session": id, "status": "crashed", "reason": ...}` when it failed that session). Files
+without them read as before.
+
 `families` are the families the landscape is exhaustive over: every config of those families that space/ held
 valid for the shape and arch at recording time (`n_valid` of them) gets a row once the sweep finished. A row's
 status is one of trial.STATUSES but `invalid` (invalid configs are not recorded: space/ recomputes them).
@@ -41,7 +48,7 @@ HEADER_REQUIRED = ("shape", "gpu_name", "arch", "date", "kernel_source_hash", "n
 # spread is p20..p80 of the timed repetitions; the build figures are ptxas' report.
 ROW_FIELDS = ("config_key", "status", "tflops", "median_ms", "p20_ms", "p80_ms", "n_reps", "max_error",
               "registers", "spill_stores", "spill_loads", "stack_bytes", "smem_static", "compile_seconds",
-              "blocks_per_sm", "cubin_hash", "same_cubin_as", "reason")
+              "blocks_per_sm", "cubin_hash", "same_cubin_as", "reason", "sessions")
 BUILD_FIELDS = ("registers", "spill_stores", "spill_loads", "stack_bytes", "smem_static", "compile_seconds")
 CUBIN_HASH_CHARS = 16  # equality is all a reader needs (identical cubins are timed once); 64 bits is plenty
 REASON_CHARS = 300
@@ -71,6 +78,7 @@ class Row:
     cubin_hash: str | None = None
     same_cubin_as: str | None = None   # this row copies the timing of that config (identical cubin and geometry)
     reason: str | None = None
+    sessions: list | None = None       # re-measurements in later sessions (module docstring), oldest first
 
     @property
     def config(self) -> Config:
@@ -119,6 +127,11 @@ class Landscape:
     @property
     def name(self) -> str:
         return self.path.stem if self.path else self.header.get("shape_key", "landscape")
+
+    @property
+    def sessions(self) -> list[dict]:
+        """The re-measurement sessions recorded in the header, oldest first (module docstring)."""
+        return list(self.header.get("sessions") or [])
 
     def row(self, config: Config | str) -> Row | None:
         return self.rows.get(config if isinstance(config, str) else config.key)
@@ -275,6 +288,7 @@ def validate(landscape: Landscape, source: str = "landscape") -> None:
         arch = landscape.arch
     except (TypeError, ValueError) as e:
         raise LandscapeError(f"{source}: header shape/arch: {e}") from None
+    session_ids = _session_ids(h, source)
     for family in landscape.families:
         if family not in space.FAMILIES:
             raise LandscapeError(f"{source}: unknown family {family!r} (known: {sorted(space.FAMILIES)})")
@@ -303,6 +317,38 @@ def validate(landscape: Landscape, source: str = "landscape") -> None:
             raise LandscapeError(f"{where}: a built config needs its build report (registers, spills, ...)")
         if row.same_cubin_as is not None and row.same_cubin_as not in landscape.rows:
             raise LandscapeError(f"{where}: same_cubin_as {row.same_cubin_as} has no row")
+        _validate_sessions(row, session_ids, where)
+
+
+def _session_ids(header: dict, source: str) -> set[str]:
+    sessions = header.get("sessions", [])
+    if not isinstance(sessions, list) or not all(isinstance(s, dict) and isinstance(s.get("id"), str)
+                                                 for s in sessions):
+        raise LandscapeError(f"{source}: header sessions: expected a list of objects with an \"id\"")
+    ids = [s["id"] for s in sessions]
+    if len(set(ids)) != len(ids):
+        raise LandscapeError(f"{source}: header sessions: two sessions share an id")
+    return set(ids)
+
+
+def _validate_sessions(row: Row, session_ids: set[str], where: str) -> None:
+    if row.sessions is None:
+        return
+    if not isinstance(row.sessions, list):
+        raise LandscapeError(f"{where}: sessions: expected a list, got {row.sessions!r}")
+    for e in row.sessions:
+        if not isinstance(e, dict) or e.get("session") not in session_ids:
+            raise LandscapeError(f"{where}: sessions: {e!r} names no session of the header")
+        if "tflops" in e:
+            values = e.get("rounds")
+            if not (isinstance(values, list) and values and all(_positive(v) for v in values + [e["tflops"]])):
+                raise LandscapeError(f"{where}: sessions: {e!r}: expected positive TFLOPS and a list of rounds")
+        elif not isinstance(e.get("status"), str):
+            raise LandscapeError(f"{where}: sessions: {e!r}: expected tflops and rounds, or a status")
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
 
 
 def short_hash(cubin_hash: str | None) -> str | None:

@@ -333,8 +333,11 @@ def header_info(view: StudyView) -> HeaderInfo:
     starts = [t.datetime_start for t in view.trials if t.datetime_start]
     ends = [t.datetime_complete or t.datetime_start for t in view.trials if t.datetime_complete or t.datetime_start]
     best = view.best
-    retimed = max(view.retimed, key=lambda r: r.tflops) if view.retimed else None
-    if retimed is not None:  # the search's winner is the best re-timing, which may differ from the best trial
+    # The search's winner: the re-timing it chose (a tie keeps the simplest), else (studies from before ties)
+    # the fastest re-timing; either may differ from the best trial.
+    retimed = (next((r for r in view.retimed if r.chosen), None) or max(view.retimed, key=lambda r: r.tflops)
+               if view.retimed else None)
+    if retimed is not None:
         best = next((t for t in view.configs if t.number == retimed.trial), best)
     speed = retimed.tflops if retimed else (best.tflops if best else None)
     baselines = {ALL_BASELINE_LABELS.get(k, k): v for k, v in view.baselines.items()}

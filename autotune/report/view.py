@@ -89,6 +89,7 @@ class Retimed:
     trial: int
     config_key: str
     tflops: float
+    chosen: bool = False  # the config the search stored (a tie keeps the simplest, not the fastest)
 
 
 @dataclass(frozen=True)
@@ -223,5 +224,6 @@ def _retimed(raw) -> tuple[Retimed, ...]:
     out = []
     for r in raw if isinstance(raw, list) else []:
         if isinstance(r, dict) and r.get("status") == "complete" and _number(r.get("tflops")):
-            out.append(Retimed(int(r.get("trial", -1)), str(r.get("config_key", "")), _number(r["tflops"])))
+            out.append(Retimed(int(r.get("trial", -1)), str(r.get("config_key", "")), _number(r["tflops"]),
+                               r.get("chosen") is True))
     return tuple(out)

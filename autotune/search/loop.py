@@ -48,6 +48,7 @@ from ..store.claims import Claims
 from . import coordination as peers
 from . import deaths
 from . import distributed
+from . import exhaustive
 from . import retime as winner
 from . import study as studies
 from . import verdicts as trial_mod
@@ -86,6 +87,7 @@ def _search(options: SearchOptions, builder, evaluator, store, log: Callable[[st
     if options.workers > 1:
         distributed.refuse_sqlite(url, options.workers)
     session = open_session(options, url, builder=builder, evaluator=evaluator, log=log)
+    options = plan_sweep(session, options, log)
     opened = time.monotonic()
     try:
         result = trials(session, options, store, log)
@@ -175,6 +177,7 @@ class Session:
     study: object
     device_info: dict = field(default_factory=dict)  # the evaluator's answer (or the launcher's, in a worker)
     lock: object = None  # coordination.StudyLock of a SQLite study, held until the search ends
+    sweep: tuple = ()  # every valid config, in queue order, when the search sweeps them all (plan_sweep)
 
     def close(self) -> None:
         if self.own_evaluator:
@@ -229,14 +232,33 @@ def open_session(options: SearchOptions, url: str, *, builder=None, evaluator=No
                    prov, search_space, name, storage, study, info, lock)
 
 
+def plan_sweep(session: Session, options: SearchOptions, log) -> SearchOptions:
+    """When the searched families have no more valid configs than --trials, sweep them all (exhaustive.py): the
+    budget becomes their number, the sampler a random one (every value is queued), and queue_first queues them."""
+    if not options.sweep:
+        return options
+    decision = exhaustive.decide(options.shape.problem, session.arch, session.search_space.families, options.trials)
+    log(decision.message)
+    if not decision.sweep:
+        return options
+    session.sweep = tuple(exhaustive.sweep_order(decision.configs, options.shape.problem, session.arch))
+    session.study.sampler = make_sampler("random", options.seed)
+    return dataclasses.replace(options, trials=len(decision.configs), sampler="random")
+
+
 def queue_first(session: Session, memory, options: SearchOptions, store, log) -> None:
     """A fresh study's first trials: the best configs of tuned neighbour shapes (--warm-start), the heuristic
-    default of each family, then --enqueue."""
+    default of each family, then --enqueue; when sweeping, every other valid config after them."""
     warm: list[Config] = []
     if options.warm_start and not session.study.trials:
         warm = warm_start.neighbour_configs(store or session.url, session.storage, options.shape, session.gpu_name,
                                            session.arch, options.warm_start, log=log)
     enqueue_first(session.study, session.search_space, memory, options, session.arch, warm)
+    if session.sweep:
+        started = time.monotonic()
+        n = exhaustive.queue_sweep(session.study, session.search_space, session.sweep, memory.by_config)
+        log(f"sweep: queued {n} config(s) in {time.monotonic() - started:.1f} s "
+            f"({len(session.sweep) - n} judged or queued already)")
 
 
 def enqueue_first(study, search_space: SearchSpace, memory, options: SearchOptions, arch: Arch,
@@ -517,16 +539,23 @@ class TrialLoop:
 
 def finale(result: SearchResult, session: Session, options: SearchOptions, store,
            log: Callable[[str], None]) -> None:
-    """Re-time the top configs next to the baselines (one worker session), record both on the study, and store
-    the winner. `store` is a BestStore or the URL to open one at."""
+    """Re-time the top configs interleaved, in rounds, next to the baselines (one worker session; retime.py
+    decides the winner or a tie), record both on the study, and store the winner. `store` is a BestStore or the
+    URL to open one at."""
     study, builder, evaluator = session.study, session.builder, session.evaluator
     top = studies.top_trials(study, max(TOP_N, options.retime_top))
     result.top = top[:TOP_N]
     result.retimed, result.baselines, result.notes = winner.retime_and_baselines(
-        top[:options.retime_top], builder, evaluator, options.shape, log=log)
+        top[:options.retime_top], builder, evaluator, options.shape, rounds=options.retime_rounds,
+        arch=session.arch, log=log)
+    verdict = winner.decide(result.retimed)
+    if result.retimed:
+        result.notes.append(verdict.describe())
+        log(verdict.describe())
     study.set_user_attr("baselines", result.baselines)
-    study.set_user_attr("retimed", [r.as_attr() for r in result.retimed])
-    best = winner.pick(result.retimed)
+    study.set_user_attr("retimed", [{**r.as_attr(), "chosen": r is verdict.chosen,
+                                     "tied": any(r is x for x in verdict.tied)} for r in result.retimed])
+    best = verdict.chosen
     if best is None:
         return
     own = isinstance(store, str)
@@ -585,4 +614,4 @@ def choose_arch(requested: str | None, device_arch: str | None) -> Arch:
 
 __all__ = ["DEFAULT_EVAL_TIMEOUT", "DEFAULT_TRIALS", "Session", "SearchInterrupted", "SearchOptions", "SearchResult",
            "TrialLoop", "abandon_through_interrupts", "choose_arch", "enqueue_first", "finale", "open_session",
-           "plug_replay", "queue_first", "run_search", "run_trials", "run_worker"]
+           "plan_sweep", "plug_replay", "queue_first", "run_search", "run_trials", "run_worker"]

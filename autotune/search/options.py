@@ -13,7 +13,7 @@ from space import Arch, Config, Shape
 from ..build.spill_policy import SpillPolicy
 from ..measure.child_process import DEFAULT_EVALUATOR
 from .coordination import DEFAULT_GRACE, DEFAULT_HEARTBEAT
-from .retime import pick
+from .retime import DEFAULT_ROUNDS, pick
 
 DEFAULT_TRIALS = 60          # ≈ 15-20 minutes on one H200 with 16 build cores; TPE settles after ~40
 DEFAULT_EVAL_TIMEOUT = 120.0  # seconds per evaluation (correctness check + timing), worker start excluded
@@ -39,9 +39,11 @@ class SearchOptions:
     eval_timeout: float = DEFAULT_EVAL_TIMEOUT
     evaluator: str = DEFAULT_EVALUATOR
     cache_dir: str | None = None
-    retime_top: int = 3
+    retime_top: int = 5                    # finalists re-timed at the end (retime.py)
+    retime_rounds: int = DEFAULT_ROUNDS    # interleaved rounds of that re-timing
     enqueue: tuple[Config, ...] = ()       # configs to try first (the heuristic default always is)
     max_asks: int | None = None
+    sweep: bool = True                     # sweep every valid config when they fit in --trials (exhaustive.py)
     nvcc_flags: tuple[str, ...] = ()       # extra nvcc flags (experiments, tests); part of the build cache key
     workers: int = 1                       # worker processes on this host (distributed.py); > 1 needs a server storage
     gpus: tuple[str, ...] | None = None    # CUDA_VISIBLE_DEVICES values for the workers (default: every visible GPU)
@@ -62,7 +64,9 @@ class SearchOptions:
         if self.eval_timeout <= 0:
             raise ValueError(f"--eval-timeout: expected seconds > 0, got {self.eval_timeout}")
         if self.retime_top < 1:
-            raise ValueError(f"retime_top: expected a count ≥ 1, got {self.retime_top}")
+            raise ValueError(f"--retime: expected a count ≥ 1, got {self.retime_top}")
+        if self.retime_rounds < 1:
+            raise ValueError(f"--retime-rounds: expected a count ≥ 1, got {self.retime_rounds}")
         if self.max_asks is not None and self.max_asks < 1:
             raise ValueError(f"max_asks: expected a count ≥ 1, got {self.max_asks}")
         if self.workers < 1:
