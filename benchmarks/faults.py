@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Fault drill (issue 12): kill searches, restart their database, run two on one SQLite study, then count what was
-lost. CPU only: every search replays a recorded landscape (studies/landscapes/, each evaluation paced by
-$AUTOTUNE_REPLAY_SECONDS so faults land mid-trial); PostgreSQL is a throwaway cluster on 127.0.0.1
+lost. CPU only: every search replays a synthetic landscape of every valid config of the current space
+(tests/landscape_fixtures.py: made-up figures; a recorded landscape of studies/landscapes/ predates axes added
+since, and a replay refuses configs it has no row for), each evaluation paced by
+$AUTOTUNE_REPLAY_SECONDS so that faults land mid-trial. PostgreSQL is a throwaway cluster on 127.0.0.1
 (tests/pg_server.py), deleted at the end.
 
     python3 benchmarks/faults.py                 # the table in docs/distributed.md (a few minutes on 2 cores)
@@ -39,10 +41,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the throwaway server of the tests
 sys.path.insert(0, str(ROOT))
 
+from landscape_fixtures import synthetic_landscape  # noqa: E402
 from pg_server import PgServer, find_bin  # noqa: E402
 
-LANDSCAPE = ROOT / "studies" / "landscapes" / "h200-b4-h16-n4096-d128-fp16-full-wgmma.json"
-KILL_BUDGET = 40  # evaluated trials of the SIGKILL study (of the landscape's 252 valid configs)
+KILL_BUDGET = 40  # evaluated trials of the SIGKILL study (of the landscape's several hundred valid configs)
+LANDSCAPE: Path  # written by main() into the drill's work directory
 GRACE = 3  # seconds without heartbeats before a killed process's trials are failed and re-queued
 
 
@@ -130,7 +133,9 @@ def tally(fault: str, storage: str, study: str, seen: dict, note: str = "") -> d
             lost += t.number not in retried and key(t) not in judged_keys
     originals = Counter(key(t) for t in judged if t.user_attrs.get("status") not in (None, "invalid")
                         and "duplicate_of" not in t.user_attrs and "same_cubin_as" not in t.user_attrs)
-    notes = [note, f"{len(retold - {None})} measured trial(s) of killed processes re-told"]
+    notes = [note]
+    if retold - {None}:
+        notes.append(f"{len(retold - {None})} measured trial(s) of killed processes re-told")
     if given_up:
         notes.append(f"{given_up} config(s) given up after their process died twice while evaluating them")
     return {"fault": fault, "completed": sum(t.state.name == "COMPLETE" for t in ts), "lost": lost,
@@ -219,6 +224,8 @@ def main() -> int:
         return 2
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="autotune-faults-"))
+    global LANDSCAPE
+    LANDSCAPE = synthetic_landscape().save(work / "landscape.json")
     drill = Drill(work, args.pace)
     pg = PgServer(initdb, pg_ctl)
     pg.start()
