@@ -190,7 +190,7 @@ def test_the_h200_matrix_file():
     for problem in problems:
         seqlens = {s.seqlen_q for s in shapes if (s.dtype, s.head_dim, s.causal) == problem}
         assert {512, 4096, 16384} <= seqlens, problem
-    assert all(e.options == {"trials": 12, "warm_start": 8, "families": ("wgmma",)} for e in entries)
+    assert all(e.options == {"trials": 12, "warm_start": 8, "families": ("wgmma",), "retime_top": 3} for e in entries)
     # every group starts at its seqlen-4096 shape, whatever the order inside the file
     ordered = campaign.neighbour_order(campaign.plan(entries, SearchOptions(shape=shapes[0])))
     firsts = [p.shape for i, p in enumerate(ordered) if i == 0 or p.shape.problem != ordered[i - 1].shape.problem]
