@@ -26,6 +26,9 @@ REG_OVERHEAD = {False: 8, True: 32}
 # same margin; d128 causal does not (Bc 192 compiles without spill at 32).
 REG_OVERHEAD_PERSISTENT_TIGHT = 72
 SCHEDULERS = ("grid", "lpt", "persistent")  # AT_SCHEDULER = index; "grid" is the kernel as it was before the axis
+# sm_90's per-block opt-in shared memory and per-SM capacity (traits.cuh's static_asserts use the same figures)
+SMEM_OPTIN_SM90 = 232448
+SMEM_PER_SM_SM90 = 233472
 L2_SECTION_BYTES = 32 << 20  # K/V bytes of one section of heads in the lpt order (traits.cuh: kL2SectionBytes)
 
 AXES = (
@@ -64,18 +67,30 @@ def threads(c: Config) -> int:
     return 128 * (1 + c.consumer_wgs)
 
 
-def num_barriers(c: Config) -> int:
-    # Q full; K full, V full, K empty, V empty per stage; persistent: Q empty
-    return 1 + 4 * c.stages + (c.scheduler == "persistent")
+def q_buffers(c: Config, p: Problem) -> int:
+    """Q slots: 2 for a persistent CTA whenever they fit (the opt-in limit, and MIN_BLOCKS CTAs per SM), else 1; the
+    producer then loads the next tile's Q while the current one runs (traits.cuh: kQBuffers)."""
+    if c.scheduler != "persistent":
+        return 1
+    q = br(c) * p.head_dim * ELEM_BYTES
+    two = SMEM_ALIGN + 2 * q + 2 * c.stages * c.bc * p.head_dim * ELEM_BYTES + 8 * (2 + 4 * c.stages + 2)
+    fits = two <= SMEM_OPTIN_SM90 and (c.min_blocks == 1 or c.min_blocks * (two + 1024) <= SMEM_PER_SM_SM90)
+    return 2 if fits else 1
+
+
+def num_barriers(c: Config, p: Problem) -> int:
+    # Q full per Q slot; K full, V full, K empty, V empty per stage; persistent: Q empty per Q slot
+    q = q_buffers(c, p)
+    return q + 4 * c.stages + (q if c.scheduler == "persistent" else 0)
 
 
 def smem_regions(c: Config, p: Problem) -> dict[str, int]:
     d = p.head_dim
     return {
         "align": SMEM_ALIGN,
-        "q": br(c) * d * ELEM_BYTES,
+        "q": q_buffers(c, p) * br(c) * d * ELEM_BYTES,
         "kv": 2 * c.stages * c.bc * d * ELEM_BYTES,
-        "barriers": 8 * num_barriers(c),
+        "barriers": 8 * num_barriers(c, p),
     }
 
 

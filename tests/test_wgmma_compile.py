@@ -152,7 +152,22 @@ def test_layout():
     assert defines["AT_EXPECT_SMEM_DYNAMIC"] == lay.smem_dynamic
     assert defines["AT_SCHEDULER"] == 0 and lay.scheduler == "grid"
     persistent = space.layout(c.replace(scheduler="persistent"), Problem(64, "fp16", False))
-    assert persistent.smem_dynamic == lay.smem_dynamic + 8 and persistent.scheduler == "persistent"  # Q-empty barrier
+    # persistent: a second Q slot (it fits), its Q-full barrier and a Q-empty barrier per slot
+    assert persistent.smem_dynamic == lay.smem_dynamic + 192 * 64 * 2 + 8 * 3 and persistent.scheduler == "persistent"
+    assert space.wgmma.q_buffers(c.replace(scheduler="persistent"), Problem(64, "fp16", False)) == 2
+    assert space.wgmma.q_buffers(c, Problem(64, "fp16", False)) == 1  # grid: one tile per CTA, one Q
+
+
+def test_second_q_slot_only_where_it_fits():
+    d256 = Config.make("wgmma", consumer_wgs=2, bc=80, stages=2, setmaxnreg=True, overlap=False, pingpong=False,
+                       o_store="smem", min_blocks=1, scheduler="persistent")
+    p = Problem(256, "bf16", False)
+    assert space.wgmma.q_buffers(d256, p) == 1  # 64 KB more would pass the 227 KB opt-in limit
+    assert space.layout(d256, p).smem_dynamic == 1024 + 128 * 256 * 2 + 2 * 2 * 80 * 256 * 2 + 8 * (1 + 8 + 1)
+    two_ctas = Config.make("wgmma", consumer_wgs=1, bc=64, stages=2, setmaxnreg=False, overlap=False, pingpong=False,
+                           o_store="direct", min_blocks=2, scheduler="persistent")
+    assert space.wgmma.q_buffers(two_ctas, Problem(128, "fp16", False)) == 2  # 2 × (1 + 2 × 16 + 64 KB) fit one SM
+    assert space.wgmma.q_buffers(two_ctas.replace(stages=3), Problem(128, "fp16", False)) == 1  # 2 × 129 KB do not
 
 
 def test_generated_wgmma_wrappers_are_current():

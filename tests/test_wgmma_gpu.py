@@ -122,6 +122,14 @@ def test_ladder_covers_every_axis_value():
             assert seen == set(axis.values), (axis.name, seen)
 
 
+def test_persistent_plan_has_one_and_two_q_slots():
+    # a persistent CTA gets a second Q slot where it fits (space.wgmma.q_buffers): both layouts must be checked, at
+    # every head dim that has persistent configs in the plan
+    slots = {(space.wgmma.q_buffers(c, p), p.head_dim) for p, c in PLAN if c.scheduler == "persistent"}
+    assert {s for s, _ in slots} == {1, 2}, slots
+    assert {(2, 64), (2, 128), (1, 128), (1, 256)} <= slots, slots
+
+
 def test_tensor_maps_follow_the_config():
     from autotune.launch.tma import launch_extra_args
 

@@ -51,15 +51,22 @@ constexpr int kChunkRowBytes = kSwizzleCols * kElemBytes;  // 128
 // hence the slack. Nothing is static (ptxas rounds static sizes, which would blur the contract with space/).
 constexpr int kSmemAlign = 1024;
 constexpr int kQWGBytes = kRowsPerWG * kHeadDim * kElemBytes;
-constexpr int kQBytes = kBr * kHeadDim * kElemBytes;
+constexpr int kQBytes = kBr * kHeadDim * kElemBytes;  // one Q slot
 constexpr int kKVChunkBytes = kBc * kChunkRowBytes;
 constexpr int kKVTileBytes = kBc * kHeadDim * kElemBytes;
+// Q slots: persistent CTAs get a second one whenever it fits (the opt-in limit, and MIN_BLOCKS CTAs per SM), so the
+// producer loads the next tile's Q while the current tile runs instead of after its last P·V, when the consumers give
+// the one slot back (that wait sat at every tile's start: short sequences lost ~10 % of their warp samples to it).
+// Not an axis: one more slot only ever moves a load earlier. space/wgmma.py: q_buffers.
+constexpr int kSmemTwoQ = kSmemAlign + 2 * kQBytes + 2 * kStages * kKVTileBytes + 8 * (2 + 4 * kStages + 2);
+constexpr int kQBuffers =
+    kPersistent && kSmemTwoQ <= 232448 && (kMinBlocks == 1 || kMinBlocks * (kSmemTwoQ + 1024) <= 233472) ? 2 : 1;
 // L2 bytes one section of heads may fill with its K and V (the H200 has 60 MB in two halves; FA3/FA4 budget 32-50 MB).
 constexpr long long kL2SectionBytes = 32ll << 20;
-// Q full; K full, V full, K empty, V empty per stage (K and V of a slot are released separately: K once S = Q·Kᵀ
-// has read it); persistent: Q empty (the Q slot, and the O staged in it, is free).
-constexpr int kNumBarriers = 1 + 4 * kStages + (kPersistent ? 1 : 0);
-constexpr int kSmemDynamic = kSmemAlign + kQBytes + 2 * kStages * kKVTileBytes + 8 * kNumBarriers;
+// Q full per Q slot; K full, V full, K empty, V empty per stage (K and V of a slot are released separately: K once
+// S = Q·Kᵀ has read it); persistent: Q empty per Q slot (the slot, and the O staged in it, is free).
+constexpr int kNumBarriers = kQBuffers + 4 * kStages + (kPersistent ? kQBuffers : 0);
+constexpr int kSmemDynamic = kSmemAlign + kQBuffers * kQBytes + 2 * kStages * kKVTileBytes + 8 * kNumBarriers;
 constexpr int kSmemStatic = 0;
 
 // Register budget: the launch-bounds cap, and what setmaxnreg hands each role.
