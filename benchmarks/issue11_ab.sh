@@ -12,6 +12,9 @@
 # Logs and tables under $OUT (default ./ab-out); the tables are printed at the end (and in $OUT/summary.txt).
 #
 #   benchmarks/issue11_ab.sh            # before trees: .ab/<rev>/kernels, else `git archive <rev> kernels`
+# On a GPU host without the git history, bring the before trees along (they are git-ignored): in /work/wt-kernel,
+#   for r in 14c1437 36a7d8e 3cd99cc; do mkdir -p .ab/$r && git archive $r kernels | tar -x -C .ab/$r; done
+# then run with carry [".ab"] and OUT=$OUT (the device's output folder).
 #   DRY=1 benchmarks/issue11_ab.sh      # no GPU: skip 1 and 3, build both sides of every A/B for sm_90
 #
 # Budget: ~7 minutes (tests ≤ TEST_S, A/Bs ~4 min, host ≤ 60 s).
