@@ -223,13 +223,14 @@ def default(p: Problem, a: Arch) -> Config:
     """The fastest config of a first H200 sweep (benchmarks/h200_sweep.py, 2026-11-29, ~12 sampled wgmma configs
     per shape; docs/benchmarks.md): 2 consumer warpgroups ping-ponging with intra-warpgroup overlap for d128,
     3 warpgroups without ping-pong for d64. FlashAttention-3's own picks (Bc 176 for d128) measured slower here.
-    d256 keeps FA3's Bc 80, without intra-warpgroup overlap or ping-pong and with O staged in smem: the winner of
-    a 30-trial search of B2 H8 N4096 d256 bf16 (2026-12-01, 628 TFLOPS; FA3's overlapped ping-pong 519)."""
+    d256 keeps FA3's Bc 80 with two stages, intra-warpgroup overlap without ping-pong and O staged in smem: 711
+    TFLOPS on B2 H8 N4096 d256 bf16 once K is released as soon as S has read it (benchmarks/issue11_ab.sh,
+    2026-12-01; the non-overlapped loop, the previous default, 631; FlashAttention-4 717)."""
     if p.head_dim == 64:
         return Config.make("wgmma", consumer_wgs=3, bc=112, stages=4, setmaxnreg=True, overlap=True,
                            pingpong=False, o_store="smem", min_blocks=1)
     if p.head_dim == 256:
-        return Config.make("wgmma", consumer_wgs=2, bc=80, stages=2, setmaxnreg=True, overlap=False,
+        return Config.make("wgmma", consumer_wgs=2, bc=80, stages=2, setmaxnreg=True, overlap=True,
                            pingpong=False, o_store="smem", min_blocks=1)
     if p.causal:
         return Config.make("wgmma", consumer_wgs=2, bc=96, stages=3, setmaxnreg=False, overlap=True,

@@ -37,7 +37,10 @@ def sample() -> tuple[dict, list]:
     valid: list = [(FAMILY.default(p, ARCH), p) for p in PROBLEMS]
     # every scheduler on every problem's default: its extra barrier, tile order and persistent loop must compile
     # without spills everywhere, d256 (at its register budget) included
-    valid += [(FAMILY.default(p, ARCH).replace(scheduler=s), p) for p in PROBLEMS for s in ("lpt", "persistent")]
+    # (where valid: the d256 default overlaps, and persistent overlapped d256 causal is over its register margin)
+    valid += [(c, p) for p in PROBLEMS
+              for c in (FAMILY.default(p, ARCH).replace(scheduler=s) for s in ("lpt", "persistent"))
+              if space.is_valid(c, p, ARCH)]
     # o_rescale=before: FA3's d256 loop (2 × 64 rows, Bc 80, 2 stages, overlap, no ping-pong) and the d128/d64
     # winners' shapes, every problem (d256 is at its register budget), grid and persistent
     before = dict(setmaxnreg=True, overlap=True, pingpong=False, o_store="smem", min_blocks=1, o_rescale="before")

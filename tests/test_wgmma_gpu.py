@@ -86,11 +86,11 @@ def plan_for(problem: Problem) -> list[Config]:
     return list(dict.fromkeys(configs))
 
 
-# head_dim 256 is in the space but no tuned shape uses it: its default config per dtype and causal flag, under every
-# scheduler, on every case.
-D256 = tuple((p, FAMILY.default(p, ARCH).replace(scheduler=s)) for p in (Problem(256, dt, c) for dt in space.DTYPES
-                                                                          for c in (False, True))
-             for s in ("grid", "lpt", "persistent"))
+# head_dim 256: its default config per dtype and causal flag, under every scheduler valid for it (persistent
+# overlapped d256 causal is over its register margin), on every case.
+D256 = tuple((p, c) for p in (Problem(256, dt, causal) for dt in space.DTYPES for causal in (False, True))
+             for c in (FAMILY.default(p, ARCH).replace(scheduler=s) for s in ("grid", "lpt", "persistent"))
+             if space.is_valid(c, p, ARCH))
 # d256's measured winner (no overlap), the same with ping-pong turns, and FA3's d256 loop (128 × 80, overlap without
 # ping-pong, O rescaled before P·V)
 D256 += tuple((p, Config.make("wgmma", consumer_wgs=2, bc=80, stages=2, setmaxnreg=True, overlap=ov, pingpong=pp,

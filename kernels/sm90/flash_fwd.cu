@@ -3,8 +3,9 @@
 // A tile is (kBr query rows, head, batch); a CTA works on one tile, or under the persistent scheduler on a strided
 // sequence of them (for_each_tile). Warpgroup 0 is the producer: one thread issues TMA copies of the Q tile (once
 // per tile) and of K/V tiles into a kStages-deep shared-memory ring, completing on mbarriers (K full, V full,
-// K empty, V empty per stage: a slot's K goes back as soon as S = Q·Kᵀ has read it, its V after P·V). Consumer
-// warpgroups 1..kConsumerWGs each own 64 query rows and run
+// K empty, V empty per stage: in the two-stage overlapped loop a slot's K goes back as soon as S = Q·Kᵀ has read
+// it and its V after P·V, elsewhere both after P·V; traits.cuh kKVReleaseSplit). Consumer warpgroups
+// 1..kConsumerWGs each own 64 query rows and run
 //   S = Q·Kᵀ       wgmma m64n{Bc}k16, A and B from 128B-swizzled shared memory (K-major)
 //   online softmax in registers (exp2 with the scale folded in)
 //   O += P·V       wgmma m64n{D}k16, A = P from registers, B = V from shared memory read N-major (trans-b)
@@ -246,13 +247,13 @@ __device__ __forceinline__ void produce(const FlashFwdParams& p, const Smem& sm,
     int& stage = ring.stage;
     uint32_t& phase = ring.phase;
     for (int n = 0; n < n_tiles; ++n) {
-        mbar_wait(sm.k_empty(stage), phase ^ 1);
+        mbar_wait(kKVReleaseSplit ? sm.k_empty(stage) : sm.v_empty(stage), phase ^ 1);
         mbar_arrive_expect_tx(sm.k_full(stage), kKVTileBytes);
 #pragma unroll
         for (int c = 0; c < kDChunks; ++c)
             tma_load_4d(sm.k_tile(stage) + c * kKVChunkBytes, tm_k, c * kSwizzleCols, n * kBc, kv_head, batch,
                         sm.k_full(stage));
-        mbar_wait(sm.v_empty(stage), phase ^ 1);
+        if constexpr (kKVReleaseSplit) mbar_wait(sm.v_empty(stage), phase ^ 1);
         mbar_arrive_expect_tx(sm.v_full(stage), kKVTileBytes);
 #pragma unroll
         for (int c = 0; c < kDChunks; ++c)
@@ -395,6 +396,10 @@ struct Turns {
 __device__ __forceinline__ void release(uint32_t empty_bar) {
     if (threadIdx.x % 32 == 0) mbar_arrive(empty_bar);
 }
+// Joint release (traits: kKVReleaseSplit false): the slot goes back with its V, after P·V; K-empty is unused.
+__device__ __forceinline__ void release_k(const Smem& sm, int stage) {
+    if constexpr (kKVReleaseSplit) release(sm.k_empty(stage));
+}
 
 // Persistent: lane 0 of every consumer warp, once all its lanes are done with the Q slot of this tile.
 __device__ __forceinline__ void release_q(const Smem& sm, uint32_t slot) {
@@ -441,7 +446,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         if (wg_row0 >= p.seqlen_q) {
             for (int n = 0; n < n_tiles; ++n) {
                 mbar_wait(sm.k_full(stage), phase);
-                release(sm.k_empty(stage));
+                release_k(sm, stage);
                 mbar_wait(sm.v_full(stage), phase);
                 release(sm.v_empty(stage));
                 ring.advance();
@@ -465,7 +470,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             turns.end(n == n_tiles - 1);
             wgmma_wait<0>();
             fence_regs(s);
-            release(sm.k_empty(stage));
+            release_k(sm, stage);
             softmax_any(tile_needs_mask(n, wg_row0, p.seqlen_k), s, m, l, corr, scale_log2, row0, n * kBc,
                         p.seqlen_k);
             rescale_o(o, corr);
@@ -492,7 +497,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         turns.end(false);
         wgmma_wait<0>();
         fence_regs(s);
-        release(sm.k_empty(stage));
+        release_k(sm, stage);
         softmax_any(tile_needs_mask(0, wg_row0, p.seqlen_k), s, m, l, corr, scale_log2, row0, 0, p.seqlen_k);
         convert_p(s, pf);
 
@@ -524,7 +529,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             turns.end(false);
             wgmma_wait<1>();  // S(n) is ready; P(n-1)·V(n-1) may still run under the softmax
             fence_regs(s);
-            release(sm.k_empty(stage));
+            release_k(sm, stage);
             softmax_any(tile_needs_mask(n, wg_row0, p.seqlen_k), s, m, l, corr, scale_log2, row0, n * kBc,
                         p.seqlen_k);
             wgmma_wait<0>();

@@ -59,6 +59,11 @@ constexpr int kKVTileBytes = kBc * kHeadDim * kElemBytes;
 // the one slot back (that wait sat at every tile's start: short sequences lost ~10 % of their warp samples to it).
 // Not an axis: one more slot only ever moves a load earlier. space/wgmma.py: q_buffers.
 constexpr int kSmemTwoQ = kSmemAlign + 2 * kQBytes + 2 * kStages * kKVTileBytes + 8 * (2 + 4 * kStages + 2);
+// K/V release: K and V of a ring slot go back separately (K once S = Q·Kᵀ has read it) only in the overlapped loop
+// with two stages, where one release after P·V would put K(n+1)'s whole load on every iteration (docs/benchmarks.md:
+// +26-61 % there); elsewhere the joint release after P·V leaves a whole iteration of slack, and the split one measured
+// 1-4 % slower on the shipped 3-stage configs. Derived, not an axis: both ends are measured.
+constexpr bool kKVReleaseSplit = kOverlap && kStages == 2;
 constexpr int kQBuffers =
     kPersistent && kSmemTwoQ <= 232448 && (kMinBlocks == 1 || kMinBlocks * (kSmemTwoQ + 1024) <= 233472) ? 2 : 1;
 // L2 bytes one section of heads may fill with its K and V (the H200 has 60 MB in two halves; FA3/FA4 budget 32-50 MB).
