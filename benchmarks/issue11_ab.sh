@@ -2,8 +2,8 @@
 # Issue 11, kernel round 3 on one H200 (docs/benchmarks.md, the "Lever" sections of round 3):
 #   split   K and V of a ring slot released separately (K as soon as S = Q·Kᵀ has read it)       commit 36a7d8e
 #   idle    a consumer warpgroup with no query row below seqlen_q only walks the ring               commit 4ed78e6
-#   pp      ping-pong turns in the plain (non-overlapped) loop: pingpong=1, overlap=0 (new combination) 3cd99cc
-#           (the first GPU run, /work/prompts/ab1, measured main against 3cd99cc)
+#   pp      ping-pong turns in the plain (non-overlapped) loop, pingpong=1 with overlap=0               3cd99cc
+#           (the first GPU run, /work/prompts/ab1, measured main against 3cd99cc; +0.4 %: taken out again at HEAD)
 #   qslots  persistent CTAs get a second Q slot where it fits (next tile's Q loads under this one)  a916641
 #   joint   the split release only in the two-stage overlapped loop (the round-1 A/B: it gains 26-61 % there and
 #           lost 1-4 % on 3-stage configs); d256's default overlaps                                 HEAD
@@ -80,12 +80,10 @@ ab() {
 W=wgmma:consumer_wgs
 P=setmaxnreg=1,overlap=1,min_blocks=1
 # d256 bf16: the shipped non-overlapped winner; FlashAttention-3's loop (overlap, O rescaled before P·V; 555 vs 644
-# with the shared release); the same with the rescale after P·V; the shipped winner with ping-pong turns (new: main
-# refuses it, so its row has an "after" only).
+# with the shared release); the same with the rescale after P·V (the default now).
 D256=2,bc=80,stages=2,setmaxnreg=1,pingpong=0,o_store=smem,min_blocks=1,scheduler=grid
 ab d256 "$MAIN" --shape b2-h8-n4096-d256-bf16-full \
-  --config $W=$D256,overlap=0 --config $W=$D256,overlap=1,o_rescale=before --config $W=$D256,overlap=1,o_rescale=after \
-  --config $W=${D256/pingpong=0/pingpong=1},overlap=0
+  --config $W=$D256,overlap=0 --config $W=$D256,overlap=1,o_rescale=before --config $W=$D256,overlap=1,o_rescale=after
 # N512 d64 and N1024 d128: shipped, and two-stage variants (two Q slots fit only there at N1024).
 ab n512 "$MAIN" --shape b16-h16-n512-d64-fp16-full \
   --config $W=3,bc=128,stages=4,$P,pingpong=0,o_store=direct,scheduler=persistent,o_rescale=after \
@@ -94,10 +92,14 @@ ab n1024 "$MAIN" --shape b1-h64-n1024-d128-fp16-full \
   --config $W=2,bc=128,stages=3,$P,pingpong=0,o_store=smem,scheduler=persistent,o_rescale=after \
   --config $W=2,bc=128,stages=2,$P,pingpong=0,o_store=smem,scheduler=persistent,o_rescale=after \
   --config $W=2,bc=176,stages=2,$P,pingpong=1,o_store=smem,scheduler=grid,o_rescale=after
-# Round 2 alone (second Q slot, joint release outside two-stage overlap) against the tree of the first GPU run.
+# Round 2 alone (second Q slot, joint release outside two-stage overlap) against the tree of the first GPU run: the
+# persistent d64 configs (two Q slots) and the shipped causal and bf16 d128 configs (3 stages: joint release again).
 ab round2 "$PP" --shape b16-h16-n512-d64-fp16-full --shape b4-h32-n4096-d64-fp16-full \
   --config $W=3,bc=128,stages=4,$P,pingpong=0,o_store=direct,scheduler=persistent,o_rescale=after \
   --config $W=3,bc=128,stages=3,$P,pingpong=0,o_store=smem,scheduler=persistent,o_rescale=after
+ab round2-d128 "$PP" --shape b4-h16-n4096-d128-fp16-causal --shape b4-h16-n4096-d128-bf16-full \
+  --config $W=2,bc=128,stages=3,$P,pingpong=0,o_store=smem,scheduler=grid,o_rescale=before \
+  --config $W=2,bc=128,stages=3,$P,pingpong=1,o_store=smem,scheduler=grid,o_rescale=before
 # d128 N4096 fp16 and bf16: shipped, FlashAttention-3's d128 tile (128 × 176, two stages, ping-pong; it paid the
 # shared release's round trip), and the shipped fp16 config with two stages (and so two Q slots).
 ab d128 "$MAIN" --shape b4-h16-n4096-d128-fp16-full \

@@ -42,8 +42,7 @@ AXES = (
     Axis("overlap", (True, False), "AT_OVERLAP",
          "issue S(n) with P(n-1)·V(n-1) and run softmax(n) while P·V is on the tensor cores"),
     Axis("pingpong", (True, False), "AT_PINGPONG",
-         "two consumer warpgroups alternate GEMM turns on named barriers (one's softmax under the other's GEMMs); "
-         "a turn is the S(n) + P(n-1)·V(n-1) issue of the overlapped loop, or the S(n) issue of the plain one"),
+         "two consumer warpgroups alternate GEMM turns on named barriers (one's softmax under the other's GEMMs)"),
     Axis("o_store", ("direct", "smem"), "AT_O_STORE_SMEM",
          "O written from the accumulator fragments (4-byte stores), or staged in the warpgroup's Q slot of shared "
          "memory and written as 16-byte row chunks", lambda v: v == "smem"),
@@ -188,6 +187,12 @@ def pingpong_needs_two_consumers(c, p, a, lay):
         return f"pingpong needs consumer_wgs=2, got {c.consumer_wgs}"
 
 
+@rule("pingpong_needs_overlap", "a ping-pong turn is the S(n) + P(n-1)·V(n-1) issue of the overlapped loop")
+def pingpong_needs_overlap(c, p, a, lay):
+    if c.pingpong and not c.overlap:
+        return "pingpong needs overlap=True"
+
+
 @rule("rescale_before_needs_overlap", "o_rescale=before reorders the overlapped loop's S(n) + P(n-1)·V(n-1) issue")
 def rescale_before_needs_overlap(c, p, a, lay):
     if c.o_rescale == "before" and not c.overlap:
@@ -214,7 +219,8 @@ def accumulators_fit_registers(c, p, a, lay):
         return f"{need} accumulator registers per consumer thread > budget {budget} (certain spill)"
 
 
-RULES = (head_dim_chunks, bc_multiple_of_16, pingpong_needs_two_consumers, rescale_before_needs_overlap,
+RULES = (head_dim_chunks, bc_multiple_of_16, pingpong_needs_two_consumers, pingpong_needs_overlap,
+         rescale_before_needs_overlap,
          setmaxnreg_needs_two_consumers, setmaxnreg_one_block, threads_per_block, threads_per_sm, static_smem_limit,
          smem_optin_limit, min_blocks_smem, accumulators_fit_registers)
 

@@ -375,7 +375,7 @@ __device__ __forceinline__ void softmax_any(bool mask, float (&s)[kSRegs], float
 }
 
 // Ping-pong turns: warpgroup w waits on barrier (1 + w) before issuing its GEMMs and, once issued, lets the
-// other one go (overlapped loop: a turn is S(n) + P(n-1)·V(n-1); plain loop: S(n) alone). Both take the same number of turns, so the other's opening arrive and the skipped final arrive
+// other one go. Both take the same number of turns, so the other's opening arrive and the skipped final arrive
 // of warpgroup 1 leave no barrier half-arrived at exit.
 struct Turns {
     int wg;
@@ -456,18 +456,12 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         }
     }
     if constexpr (!kOverlap) {
-        // Ping-pong here orders only the S issues (a turn is one S = Q·Kᵀ issue, as FA3 does without intra-warpgroup
-        // overlap): warpgroup 1's S(n) queues behind warpgroup 0's, so the two are half a GEMM apart from the first
-        // tile on and each one's softmax runs under the other's GEMMs, instead of both softmaxes at once with the
-        // tensor cores idle (without turns the two start together and stay in lock-step).
         for (int n = 0; n < n_tiles; ++n) {
             mbar_wait(sm.k_full(stage), phase);
-            turns.begin();
             fence_regs(s);
             wgmma_fence();
             issue_qk(s, q_addr, sm.k_tile(stage));
             wgmma_commit();
-            turns.end(n == n_tiles - 1);
             wgmma_wait<0>();
             fence_regs(s);
             release_k(sm, stage);
