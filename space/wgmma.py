@@ -26,6 +26,9 @@ REG_OVERHEAD = {False: 8, True: 32}
 # same margin; d128 causal does not (Bc 192 compiles without spill at 32).
 REG_OVERHEAD_PERSISTENT_TIGHT = 72
 SCHEDULERS = ("grid", "lpt", "persistent")  # AT_SCHEDULER = index; "grid" is the kernel as it was before the axis
+# sm_90's per-block opt-in shared memory and per-SM capacity (traits.cuh's static_asserts use the same figures)
+SMEM_OPTIN_SM90 = 232448
+SMEM_PER_SM_SM90 = 233472
 L2_SECTION_BYTES = 32 << 20  # K/V bytes of one section of heads in the lpt order (traits.cuh: kL2SectionBytes)
 
 AXES = (
@@ -39,8 +42,7 @@ AXES = (
     Axis("overlap", (True, False), "AT_OVERLAP",
          "issue S(n) with P(n-1)·V(n-1) and run softmax(n) while P·V is on the tensor cores"),
     Axis("pingpong", (True, False), "AT_PINGPONG",
-         "two consumer warpgroups alternate GEMM turns on named barriers (one's softmax under the other's GEMMs); "
-         "a turn is the S(n) + P(n-1)·V(n-1) issue of the overlapped loop, or the S(n) issue of the plain one"),
+         "two consumer warpgroups alternate GEMM turns on named barriers (one's softmax under the other's GEMMs)"),
     Axis("o_store", ("direct", "smem"), "AT_O_STORE_SMEM",
          "O written from the accumulator fragments (4-byte stores), or staged in the warpgroup's Q slot of shared "
          "memory and written as 16-byte row chunks", lambda v: v == "smem"),
@@ -64,18 +66,30 @@ def threads(c: Config) -> int:
     return 128 * (1 + c.consumer_wgs)
 
 
-def num_barriers(c: Config) -> int:
-    # Q full; K full, V full, K empty, V empty per stage; persistent: Q empty
-    return 1 + 4 * c.stages + (c.scheduler == "persistent")
+def q_buffers(c: Config, p: Problem) -> int:
+    """Q slots: 2 for a persistent CTA whenever they fit (the opt-in limit, and MIN_BLOCKS CTAs per SM), else 1; the
+    producer then loads the next tile's Q while the current one runs (traits.cuh: kQBuffers)."""
+    if c.scheduler != "persistent":
+        return 1
+    q = br(c) * p.head_dim * ELEM_BYTES
+    two = SMEM_ALIGN + 2 * q + 2 * c.stages * c.bc * p.head_dim * ELEM_BYTES + 8 * (2 + 4 * c.stages + 2)
+    fits = two <= SMEM_OPTIN_SM90 and (c.min_blocks == 1 or c.min_blocks * (two + 1024) <= SMEM_PER_SM_SM90)
+    return 2 if fits else 1
+
+
+def num_barriers(c: Config, p: Problem) -> int:
+    # Q full per Q slot; K full, V full, K empty, V empty per stage; persistent: Q empty per Q slot
+    q = q_buffers(c, p)
+    return q + 4 * c.stages + (q if c.scheduler == "persistent" else 0)
 
 
 def smem_regions(c: Config, p: Problem) -> dict[str, int]:
     d = p.head_dim
     return {
         "align": SMEM_ALIGN,
-        "q": br(c) * d * ELEM_BYTES,
+        "q": q_buffers(c, p) * br(c) * d * ELEM_BYTES,
         "kv": 2 * c.stages * c.bc * d * ELEM_BYTES,
-        "barriers": 8 * num_barriers(c),
+        "barriers": 8 * num_barriers(c, p),
     }
 
 
@@ -173,6 +187,12 @@ def pingpong_needs_two_consumers(c, p, a, lay):
         return f"pingpong needs consumer_wgs=2, got {c.consumer_wgs}"
 
 
+@rule("pingpong_needs_overlap", "a ping-pong turn is the S(n) + P(n-1)·V(n-1) issue of the overlapped loop")
+def pingpong_needs_overlap(c, p, a, lay):
+    if c.pingpong and not c.overlap:
+        return "pingpong needs overlap=True"
+
+
 @rule("rescale_before_needs_overlap", "o_rescale=before reorders the overlapped loop's S(n) + P(n-1)·V(n-1) issue")
 def rescale_before_needs_overlap(c, p, a, lay):
     if c.o_rescale == "before" and not c.overlap:
@@ -199,7 +219,8 @@ def accumulators_fit_registers(c, p, a, lay):
         return f"{need} accumulator registers per consumer thread > budget {budget} (certain spill)"
 
 
-RULES = (head_dim_chunks, bc_multiple_of_16, pingpong_needs_two_consumers, rescale_before_needs_overlap,
+RULES = (head_dim_chunks, bc_multiple_of_16, pingpong_needs_two_consumers, pingpong_needs_overlap,
+         rescale_before_needs_overlap,
          setmaxnreg_needs_two_consumers, setmaxnreg_one_block, threads_per_block, threads_per_sm, static_smem_limit,
          smem_optin_limit, min_blocks_smem, accumulators_fit_registers)
 
@@ -208,9 +229,9 @@ def default(p: Problem, a: Arch) -> Config:
     """The fastest config of a first H200 sweep (benchmarks/h200_sweep.py, 2026-11-29, ~12 sampled wgmma configs
     per shape; docs/benchmarks.md): 2 consumer warpgroups ping-ponging with intra-warpgroup overlap for d128,
     3 warpgroups without ping-pong for d64. FlashAttention-3's own picks (Bc 176 for d128) measured slower here.
-    d256 keeps FA3's Bc 80 with two stages, intra-warpgroup overlap and O staged in smem: once K and V of a ring
-    slot were released separately, that config measured 711 TFLOPS on B2 H8 N4096 d256 bf16 against 631 for the
-    earlier non-overlapped default in the same run (benchmarks/issue11_ab.sh, 2026-12-01, docs/benchmarks.md)."""
+    d256 keeps FA3's Bc 80 with two stages, intra-warpgroup overlap without ping-pong and O staged in smem: 711
+    TFLOPS on B2 H8 N4096 d256 bf16 once K is released as soon as S has read it (benchmarks/issue11_ab.sh,
+    2026-12-01; the non-overlapped loop, the previous default, 631; FlashAttention-4 717)."""
     if p.head_dim == 64:
         return Config.make("wgmma", consumer_wgs=3, bc=112, stages=4, setmaxnreg=True, overlap=True,
                            pingpong=False, o_store="smem", min_blocks=1)

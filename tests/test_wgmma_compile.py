@@ -35,11 +35,12 @@ def sample() -> tuple[dict, list]:
     """(invalid picks {rule: [(config, problem, rules)]}, valid [(config, problem)]), deterministic."""
     invalid: dict[str, list] = {rule.name: [] for rule in FAMILY.rules}
     valid: list = [(FAMILY.default(p, ARCH), p) for p in PROBLEMS]
-    # every scheduler on every problem's default, where space/ holds it valid: its extra barrier, tile order and
-    # persistent loop must compile without spills everywhere, d256 (at its register budget) included. (d256 causal's
-    # overlapped default under the persistent loop needs the 72-register margin and is pruned by space/.)
-    valid += [(c, p) for p in PROBLEMS for c in (FAMILY.default(p, ARCH).replace(scheduler=s)
-                                                   for s in ("lpt", "persistent")) if space.is_valid(c, p, ARCH)]
+    # every scheduler on every problem's default: its extra barrier, tile order and persistent loop must compile
+    # without spills everywhere, d256 (at its register budget) included
+    # (where valid: the d256 default overlaps, and persistent overlapped d256 causal is over its register margin)
+    valid += [(c, p) for p in PROBLEMS
+              for c in (FAMILY.default(p, ARCH).replace(scheduler=s) for s in ("lpt", "persistent"))
+              if space.is_valid(c, p, ARCH)]
     # o_rescale=before: FA3's d256 loop (2 × 64 rows, Bc 80, 2 stages, overlap, no ping-pong) and the d128/d64
     # winners' shapes, every problem (d256 is at its register budget), grid and persistent
     before = dict(setmaxnreg=True, overlap=True, pingpong=False, o_store="smem", min_blocks=1, o_rescale="before")
@@ -48,11 +49,6 @@ def sample() -> tuple[dict, list]:
                  64: dict(consumer_wgs=3, bc=128, stages=4)}[p.head_dim]
         valid += [(c, p) for c in (Config.make("wgmma", **shape, **before, scheduler=s) for s in ("grid", "persistent"))
                   if space.is_valid(c, p, ARCH)]
-    # ping-pong turns in the plain (non-overlapped) loop: the d256 winner's shape with turns, every problem, grid and
-    # persistent (the turn count per tile must match between the two warpgroups across tiles)
-    plain_pp = dict(consumer_wgs=2, bc=80, stages=2, setmaxnreg=True, overlap=False, pingpong=True, o_store="smem",
-                    min_blocks=1)
-    valid += [(Config.make("wgmma", **plain_pp, scheduler=s), p) for p in PROBLEMS for s in ("grid", "persistent")]
     rng = random.Random(SEED)
     configs = list(space.enumerate_configs(FAMILY.name))
     for problem in SAMPLE_PROBLEMS:
@@ -85,7 +81,6 @@ def test_sample_has_both_verdicts():
     assert {c.o_store for c, _ in valid} == {"direct", "smem"}
     assert {c.scheduler for c, _ in valid} == {"grid", "lpt", "persistent"}
     assert {c.o_rescale for c, _ in valid} == {"after", "before"}
-    assert any(c.pingpong and not c.overlap for c, _ in valid)
 
 
 def test_valid_configs_compile_without_spills(verdicts):
@@ -119,7 +114,7 @@ def test_invalid_configs_fail_with_exactly_the_rules_space_names(rule, verdicts)
 
 def test_rules_that_can_fire_are_sampled():
     invalid, _ = sample()
-    for rule in ("pingpong_needs_two_consumers", "rescale_before_needs_overlap",
+    for rule in ("pingpong_needs_two_consumers", "pingpong_needs_overlap", "rescale_before_needs_overlap",
                  "setmaxnreg_needs_two_consumers",
                  "setmaxnreg_one_block", "smem_optin_limit", "accumulators_fit_registers"):
         assert invalid[rule], rule
@@ -154,7 +149,22 @@ def test_layout():
     assert defines["AT_EXPECT_SMEM_DYNAMIC"] == lay.smem_dynamic
     assert defines["AT_SCHEDULER"] == 0 and lay.scheduler == "grid"
     persistent = space.layout(c.replace(scheduler="persistent"), Problem(64, "fp16", False))
-    assert persistent.smem_dynamic == lay.smem_dynamic + 8 and persistent.scheduler == "persistent"  # Q-empty barrier
+    # persistent: a second Q slot (it fits), its Q-full barrier and a Q-empty barrier per slot
+    assert persistent.smem_dynamic == lay.smem_dynamic + 192 * 64 * 2 + 8 * 3 and persistent.scheduler == "persistent"
+    assert space.wgmma.q_buffers(c.replace(scheduler="persistent"), Problem(64, "fp16", False)) == 2
+    assert space.wgmma.q_buffers(c, Problem(64, "fp16", False)) == 1  # grid: one tile per CTA, one Q
+
+
+def test_second_q_slot_only_where_it_fits():
+    d256 = Config.make("wgmma", consumer_wgs=2, bc=80, stages=2, setmaxnreg=True, overlap=False, pingpong=False,
+                       o_store="smem", min_blocks=1, scheduler="persistent")
+    p = Problem(256, "bf16", False)
+    assert space.wgmma.q_buffers(d256, p) == 1  # 64 KB more would pass the 227 KB opt-in limit
+    assert space.layout(d256, p).smem_dynamic == 1024 + 128 * 256 * 2 + 2 * 2 * 80 * 256 * 2 + 8 * (1 + 8 + 1)
+    two_ctas = Config.make("wgmma", consumer_wgs=1, bc=64, stages=2, setmaxnreg=False, overlap=False, pingpong=False,
+                           o_store="direct", min_blocks=2, scheduler="persistent")
+    assert space.wgmma.q_buffers(two_ctas, Problem(128, "fp16", False)) == 2  # 2 × (1 + 2 × 16 + 64 KB) fit one SM
+    assert space.wgmma.q_buffers(two_ctas.replace(stages=3), Problem(128, "fp16", False)) == 1  # 2 × 129 KB do not
 
 
 def test_generated_wgmma_wrappers_are_current():

@@ -3,8 +3,9 @@
 // A tile is (kBr query rows, head, batch); a CTA works on one tile, or under the persistent scheduler on a strided
 // sequence of them (for_each_tile). Warpgroup 0 is the producer: one thread issues TMA copies of the Q tile (once
 // per tile) and of K/V tiles into a kStages-deep shared-memory ring, completing on mbarriers (K full, V full,
-// K empty, V empty per stage: a slot's K goes back as soon as S = Q·Kᵀ has read it, its V after P·V). Consumer
-// warpgroups 1..kConsumerWGs each own 64 query rows and run
+// K empty, V empty per stage: in the two-stage overlapped loop a slot's K goes back as soon as S = Q·Kᵀ has read
+// it and its V after P·V, elsewhere both after P·V; traits.cuh kKVReleaseSplit). Consumer warpgroups
+// 1..kConsumerWGs each own 64 query rows and run
 //   S = Q·Kᵀ       wgmma m64n{Bc}k16, A and B from 128B-swizzled shared memory (K-major)
 //   online softmax in registers (exp2 with the scale folded in)
 //   O += P·V       wgmma m64n{D}k16, A = P from registers, B = V from shared memory read N-major (trans-b)
@@ -53,12 +54,13 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 struct Smem {
     uint32_t q, k, v;  // shared-window addresses, 1024-byte aligned
     uint32_t bars;     // kNumBarriers × 8 bytes
-    __device__ uint32_t q_full() const { return bars; }
-    __device__ uint32_t k_full(int s) const { return bars + 8 * (1 + s); }
-    __device__ uint32_t v_full(int s) const { return bars + 8 * (1 + kStages + s); }
-    __device__ uint32_t k_empty(int s) const { return bars + 8 * (1 + 2 * kStages + s); }
-    __device__ uint32_t v_empty(int s) const { return bars + 8 * (1 + 3 * kStages + s); }
-    __device__ uint32_t q_empty() const { return bars + 8 * (1 + 4 * kStages); }  // persistent only
+    __device__ uint32_t q_slot(uint32_t b) const { return q + b * kQBytes; }
+    __device__ uint32_t q_full(uint32_t b) const { return bars + 8 * b; }
+    __device__ uint32_t k_full(int s) const { return bars + 8 * (kQBuffers + s); }
+    __device__ uint32_t v_full(int s) const { return bars + 8 * (kQBuffers + kStages + s); }
+    __device__ uint32_t k_empty(int s) const { return bars + 8 * (kQBuffers + 2 * kStages + s); }
+    __device__ uint32_t v_empty(int s) const { return bars + 8 * (kQBuffers + 3 * kStages + s); }
+    __device__ uint32_t q_empty(uint32_t b) const { return bars + 8 * (kQBuffers + 4 * kStages + b); }  // persistent
     __device__ uint32_t k_tile(int s) const { return k + s * kKVTileBytes; }
     __device__ uint32_t v_tile(int s) const { return v + s * kKVTileBytes; }
 };
@@ -135,20 +137,28 @@ __device__ __forceinline__ int num_units(const FlashFwdParams& p, const TileOrde
     return pairs_blocks(o) ? (o.num_m + 1) / 2 * p.batch * p.heads : o.tiles;
 }
 
-// A persistent CTA's place in its sequence, in one register: unit << 2 | block of the unit << 1 | Q parity (the
-// parity of the tiles done so far). The host keeps units + CTAs below 2^30 (autotune.loader).
+// Which Q slot a tile uses and the parity of its Q barriers, from the count of tiles the CTA has done (mod 2 with one
+// slot, mod 4 with two: slots alternate, and each slot's barriers flip every second tile).
+constexpr uint32_t kQSeqMask = kQBuffers == 2 ? 3u : 1u;
+__device__ __forceinline__ uint32_t q_slot_of(uint32_t q_seq) { return kQBuffers == 2 ? (q_seq & 1) : 0u; }
+__device__ __forceinline__ uint32_t q_parity_of(uint32_t q_seq) { return kQBuffers == 2 ? (q_seq >> 1) & 1 : q_seq & 1; }
+
+// A persistent CTA's place in its sequence, in one register: unit << kLow | block of the unit << (kLow - 1) | Q
+// sequence (tiles done mod 2, or mod 4 with two Q slots). The host keeps units + CTAs below 2^30 (autotune.loader);
+// with two Q slots the unit has one bit less, so for_each_tile traps above 2^29.
 struct Cursor {
+    static constexpr int kLow = kQBuffers == 2 ? 3 : 2;
     uint32_t bits;
-    __device__ int unit() const { return static_cast<int>(bits >> 2); }
-    __device__ int block() const { return static_cast<int>((bits >> 1) & 1); }
-    __device__ uint32_t q_parity() const { return bits & 1; }
-    __device__ void tile_done() { bits ^= 1; }
+    __device__ int unit() const { return static_cast<int>(bits >> kLow); }
+    __device__ int block() const { return static_cast<int>((bits >> (kLow - 1)) & 1); }
+    __device__ uint32_t q_seq() const { return bits & kQSeqMask; }
+    __device__ void tile_done() { bits = (bits & ~kQSeqMask) | ((bits + 1) & kQSeqMask); }
     // The unit's second block (pairs), else the next unit of this CTA.
     __device__ void next(bool pairs, uint32_t ctas) {
         if (pairs && block() == 0)
-            bits |= 2;
+            bits |= 1u << (kLow - 1);
         else
-            bits = ((bits >> 2) + ctas) << 2 | (bits & 1);
+            bits = ((bits >> kLow) + ctas) << kLow | (bits & kQSeqMask);
     }
 };
 
@@ -180,12 +190,15 @@ __device__ __forceinline__ int unit_block(const FlashFwdParams& p, const TileOrd
 // budget: one more live register across consume() spills there).
 template <class Run>
 __device__ __forceinline__ void for_each_tile(const FlashFwdParams& p, Run&& run) {
-    for (Cursor c{blockIdx.x << 2};;) {
+    if constexpr (kQBuffers == 2) {
+        if (num_units(p, tile_order(p)) + gridDim.x >= (1u << 29)) __trap();  // the Cursor's unit field (above)
+    }
+    for (Cursor c{blockIdx.x << Cursor::kLow};;) {
         const TileOrder order = tile_order(p);
         if (c.unit() >= num_units(p, order)) break;
         Tile work;
         if (unit_block(p, order, c.unit(), c.block(), work) >= 0) {
-            run(work, work.m_block * kBr, c.q_parity());
+            run(work, work.m_block * kBr, c.q_seq());
             c.tile_done();
         }
         c.next(pairs_blocks(order), gridDim.x);
@@ -194,14 +207,15 @@ __device__ __forceinline__ void for_each_tile(const FlashFwdParams& p, Run&& run
 
 // ---- producer ------------------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ void load_q(const Smem& sm, const CUtensorMap* tm_q, int m0, int head, int batch) {
-    mbar_arrive_expect_tx(sm.q_full(), kQBytes);
+__device__ __forceinline__ void load_q(const Smem& sm, uint32_t slot, const CUtensorMap* tm_q, int m0, int head,
+                                       int batch) {
+    mbar_arrive_expect_tx(sm.q_full(slot), kQBytes);
 #pragma unroll
     for (int wg = 0; wg < kConsumerWGs; ++wg)
 #pragma unroll
         for (int c = 0; c < kDChunks; ++c)
-            tma_load_4d(sm.q + wg * kQWGBytes + c * (kRowsPerWG * kChunkRowBytes), tm_q, c * kSwizzleCols,
-                        m0 + wg * kRowsPerWG, head, batch, sm.q_full());
+            tma_load_4d(sm.q_slot(slot) + wg * kQWGBytes + c * (kRowsPerWG * kChunkRowBytes), tm_q, c * kSwizzleCols,
+                        m0 + wg * kRowsPerWG, head, batch, sm.q_full(slot));
 }
 
 // The K/V ring's position (slot and mbarrier parity); persistent CTAs carry it from one tile to the next.
@@ -216,33 +230,39 @@ struct Ring {
     }
 };
 
-// One tile's loads (q_parity: the parity of this tile's Q-empty wait, persistent only). Persistent: K/V(0) go first,
-// into slots the previous tile's last P·V frees, then Q waits for the consumers to release the Q slot (after the
-// previous tile's epilogue, which may stage O in it).
+// One tile's loads (q_seq: this tile's place in the CTA's Q sequence, persistent only: q_slot_of/q_parity_of).
+// Persistent with one Q slot: K/V(0) go first, into slots the previous tile's last P·V frees, then Q waits for the
+// consumers to release the Q slot (after the previous tile's epilogue, which may stage O in it). With two Q slots Q
+// goes first: its slot was released by the tile before the previous one, normally long ago.
 __device__ __forceinline__ void produce(const FlashFwdParams& p, const Smem& sm, const CUtensorMap* tm_q,
                                         const CUtensorMap* tm_k, const CUtensorMap* tm_v, int m0, int head,
-                                        int kv_head, int batch, int n_tiles, Ring& ring, int q_parity) {
-    if constexpr (!kPersistent) load_q(sm, tm_q, m0, head, batch);
+                                        int kv_head, int batch, int n_tiles, Ring& ring, uint32_t q_seq) {
+    const uint32_t q_slot = q_slot_of(q_seq);
+    if constexpr (!kPersistent) load_q(sm, q_slot, tm_q, m0, head, batch);
+    if constexpr (kPersistent && kQBuffers == 2) {
+        mbar_wait(sm.q_empty(q_slot), q_parity_of(q_seq) ^ 1);
+        load_q(sm, q_slot, tm_q, m0, head, batch);
+    }
 
     int& stage = ring.stage;
     uint32_t& phase = ring.phase;
     for (int n = 0; n < n_tiles; ++n) {
-        mbar_wait(sm.k_empty(stage), phase ^ 1);
+        mbar_wait(kKVReleaseSplit ? sm.k_empty(stage) : sm.v_empty(stage), phase ^ 1);
         mbar_arrive_expect_tx(sm.k_full(stage), kKVTileBytes);
 #pragma unroll
         for (int c = 0; c < kDChunks; ++c)
             tma_load_4d(sm.k_tile(stage) + c * kKVChunkBytes, tm_k, c * kSwizzleCols, n * kBc, kv_head, batch,
                         sm.k_full(stage));
-        mbar_wait(sm.v_empty(stage), phase ^ 1);
+        if constexpr (kKVReleaseSplit) mbar_wait(sm.v_empty(stage), phase ^ 1);
         mbar_arrive_expect_tx(sm.v_full(stage), kKVTileBytes);
 #pragma unroll
         for (int c = 0; c < kDChunks; ++c)
             tma_load_4d(sm.v_tile(stage) + c * kKVChunkBytes, tm_v, c * kSwizzleCols, n * kBc, kv_head, batch,
                         sm.v_full(stage));
-        if constexpr (kPersistent) {
+        if constexpr (kPersistent && kQBuffers == 1) {
             if (n == 0) {
-                mbar_wait(sm.q_empty(), static_cast<uint32_t>(q_parity) ^ 1);
-                load_q(sm, tm_q, m0, head, batch);
+                mbar_wait(sm.q_empty(q_slot), q_parity_of(q_seq) ^ 1);
+                load_q(sm, q_slot, tm_q, m0, head, batch);
             }
         }
         ring.advance();
@@ -355,7 +375,7 @@ __device__ __forceinline__ void softmax_any(bool mask, float (&s)[kSRegs], float
 }
 
 // Ping-pong turns: warpgroup w waits on barrier (1 + w) before issuing its GEMMs and, once issued, lets the
-// other one go (overlapped loop: a turn is S(n) + P(n-1)·V(n-1); plain loop: S(n) alone). Both take the same number of turns, so the other's opening arrive and the skipped final arrive
+// other one go. Both take the same number of turns, so the other's opening arrive and the skipped final arrive
 // of warpgroup 1 leave no barrier half-arrived at exit.
 struct Turns {
     int wg;
@@ -376,20 +396,25 @@ struct Turns {
 __device__ __forceinline__ void release(uint32_t empty_bar) {
     if (threadIdx.x % 32 == 0) mbar_arrive(empty_bar);
 }
+// Joint release (traits: kKVReleaseSplit false): the slot goes back with its V, after P·V; K-empty is unused.
+__device__ __forceinline__ void release_k(const Smem& sm, int stage) {
+    if constexpr (kKVReleaseSplit) release(sm.k_empty(stage));
+}
 
 // Persistent: lane 0 of every consumer warp, once all its lanes are done with the Q slot of this tile.
-__device__ __forceinline__ void release_q(const Smem& sm) {
+__device__ __forceinline__ void release_q(const Smem& sm, uint32_t slot) {
     __syncwarp();
-    if (threadIdx.x % 32 == 0) mbar_arrive(sm.q_empty());
+    if (threadIdx.x % 32 == 0) mbar_arrive(sm.q_empty(slot));
 }
 
 __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm, int wg, int m0, int head,
-                                        int batch, int n_tiles, Ring& ring, uint32_t q_parity) {
+                                        int batch, int n_tiles, Ring& ring, uint32_t q_seq) {
     const int tid = threadIdx.x % 128;
     const int warp = tid / 32, lane = tid % 32;
     const int wg_row0 = m0 + wg * kRowsPerWG;          // first query row of this warpgroup
     const int row0 = wg_row0 + warp * 16 + lane / 4;   // this thread's rows: row0 and row0 + 8
-    const uint32_t q_addr = sm.q + wg * kQWGBytes;
+    const uint32_t q_slot = q_slot_of(q_seq);
+    const uint32_t q_addr = sm.q_slot(q_slot) + wg * kQWGBytes;
     const float scale_log2 = p.scale_log2;
     const Turns turns{wg};
 
@@ -407,7 +432,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     if constexpr (kPingPong) {
         if (wg == 1) named_bar_arrive(kPingPongBarrier0, kPingPongThreads);  // warpgroup 0 takes the first turn
     }
-    mbar_wait(sm.q_full(), q_parity);
+    mbar_wait(sm.q_full(q_slot), q_parity_of(q_seq));
 
     int& stage = ring.stage;
     uint32_t& phase = ring.phase;
@@ -421,31 +446,25 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         if (wg_row0 >= p.seqlen_q) {
             for (int n = 0; n < n_tiles; ++n) {
                 mbar_wait(sm.k_full(stage), phase);
-                release(sm.k_empty(stage));
+                release_k(sm, stage);
                 mbar_wait(sm.v_full(stage), phase);
                 release(sm.v_empty(stage));
                 ring.advance();
             }
-            if constexpr (kPersistent) release_q(sm);
+            if constexpr (kPersistent) release_q(sm, q_slot);
             return;
         }
     }
     if constexpr (!kOverlap) {
-        // Ping-pong here orders only the S issues (a turn is one S = Q·Kᵀ issue, as FA3 does without intra-warpgroup
-        // overlap): warpgroup 1's S(n) queues behind warpgroup 0's, so the two are half a GEMM apart from the first
-        // tile on and each one's softmax runs under the other's GEMMs, instead of both softmaxes at once with the
-        // tensor cores idle (without turns the two start together and stay in lock-step).
         for (int n = 0; n < n_tiles; ++n) {
             mbar_wait(sm.k_full(stage), phase);
-            turns.begin();
             fence_regs(s);
             wgmma_fence();
             issue_qk(s, q_addr, sm.k_tile(stage));
             wgmma_commit();
-            turns.end(n == n_tiles - 1);
             wgmma_wait<0>();
             fence_regs(s);
-            release(sm.k_empty(stage));
+            release_k(sm, stage);
             softmax_any(tile_needs_mask(n, wg_row0, p.seqlen_k), s, m, l, corr, scale_log2, row0, n * kBc,
                         p.seqlen_k);
             rescale_o(o, corr);
@@ -472,7 +491,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         turns.end(false);
         wgmma_wait<0>();
         fence_regs(s);
-        release(sm.k_empty(stage));
+        release_k(sm, stage);
         softmax_any(tile_needs_mask(0, wg_row0, p.seqlen_k), s, m, l, corr, scale_log2, row0, 0, p.seqlen_k);
         convert_p(s, pf);
 
@@ -504,7 +523,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             turns.end(false);
             wgmma_wait<1>();  // S(n) is ready; P(n-1)·V(n-1) may still run under the softmax
             fence_regs(s);
-            release(sm.k_empty(stage));
+            release_k(sm, stage);
             softmax_any(tile_needs_mask(n, wg_row0, p.seqlen_k), s, m, l, corr, scale_log2, row0, n * kBc,
                         p.seqlen_k);
             wgmma_wait<0>();
@@ -534,7 +553,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
 
     // Persistent, O written from registers: every wgmma that read this tile's Q has completed, so the producer may
     // load the next tile's Q while this one normalises and stores.
-    if constexpr (kPersistent && !kOStoreSmem) release_q(sm);
+    if constexpr (kPersistent && !kOStoreSmem) release_q(sm, q_slot);
 
     // Normalise: the row sum is spread over the 4 threads of a quad.
     float inv[2];
@@ -578,7 +597,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         // proxy fence orders this thread's generic shared-memory accesses before that asynchronous write.
         if constexpr (kPersistent) {
             fence_proxy_async_shared();
-            release_q(sm);
+            release_q(sm, q_slot);
         }
     } else {
 #pragma unroll
@@ -617,7 +636,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
     Smem sm;
     sm.q = (smem_u32(smem_raw) + kSmemAlign - 1) & ~static_cast<uint32_t>(kSmemAlign - 1);
-    sm.k = sm.q + kQBytes;
+    sm.k = sm.q + kQBuffers * kQBytes;
     sm.v = sm.k + kStages * kKVTileBytes;
     sm.bars = sm.v + kStages * kKVTileBytes;
 
@@ -643,14 +662,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
         prefetch_tensormap(&tm_q);
         prefetch_tensormap(&tm_k);
         prefetch_tensormap(&tm_v);
-        mbar_init(sm.q_full(), 1);
+        for (uint32_t b = 0; b < kQBuffers; ++b) mbar_init(sm.q_full(b), 1);
         for (int s = 0; s < kStages; ++s) {
             mbar_init(sm.k_full(s), 1);
             mbar_init(sm.v_full(s), 1);
             mbar_init(sm.k_empty(s), 4 * kConsumerWGs);  // lane 0 of every consumer warp releases a slot's K
             mbar_init(sm.v_empty(s), 4 * kConsumerWGs);  // ... and its V
         }
-        if constexpr (kPersistent) mbar_init(sm.q_empty(), 4 * kConsumerWGs);
+        if constexpr (kPersistent)
+            for (uint32_t b = 0; b < kQBuffers; ++b) mbar_init(sm.q_empty(b), 4 * kConsumerWGs);
         fence_barrier_init();
     }
     __syncthreads();
@@ -670,15 +690,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
         if (warpgroup == 0) {
             if constexpr (kSetMaxNReg) setmaxnreg_dec<kProducerRegs>();
             if (threadIdx.x == 0)
-                for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_parity) {
+                for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_seq) {
                     produce(p, sm, &tm_q, &tm_k, &tm_v, work_m0, work.head, work.head / (p.heads / p.kv_heads),
-                            work.batch, num_kv_tiles(p, work_m0), ring, static_cast<int>(q_parity));
+                            work.batch, num_kv_tiles(p, work_m0), ring, q_seq);
                 });
         } else {
             if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
-            for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_parity) {
+            for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_seq) {
                 consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, num_kv_tiles(p, work_m0), ring,
-                        q_parity);
+                        q_seq);
             });
         }
     }

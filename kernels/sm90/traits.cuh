@@ -22,7 +22,7 @@ constexpr int kBc = AT_BC;                     // key columns per K/V tile (the 
 constexpr int kStages = AT_STAGES;             // K/V slots in the shared-memory ring
 constexpr bool kSetMaxNReg = AT_SETMAXNREG != 0;
 constexpr bool kOverlap = AT_OVERLAP != 0;     // issue S(n) together with P(n-1)·V(n-1); softmax(n) runs under P·V
-constexpr bool kPingPong = AT_PINGPONG != 0;   // two consumer warpgroups take turns issuing their GEMMs
+constexpr bool kPingPong = AT_PINGPONG != 0;   // two consumer warpgroups take turns on the tensor cores
 constexpr bool kOStoreSmem = AT_O_STORE_SMEM != 0;  // stage O in shared memory for 16-byte row stores
 constexpr int kMinBlocks = AT_MIN_BLOCKS;
 // Overlapped loop only: multiply O by the previous tile's correction right after S(n) is issued, before
@@ -51,15 +51,27 @@ constexpr int kChunkRowBytes = kSwizzleCols * kElemBytes;  // 128
 // hence the slack. Nothing is static (ptxas rounds static sizes, which would blur the contract with space/).
 constexpr int kSmemAlign = 1024;
 constexpr int kQWGBytes = kRowsPerWG * kHeadDim * kElemBytes;
-constexpr int kQBytes = kBr * kHeadDim * kElemBytes;
+constexpr int kQBytes = kBr * kHeadDim * kElemBytes;  // one Q slot
 constexpr int kKVChunkBytes = kBc * kChunkRowBytes;
 constexpr int kKVTileBytes = kBc * kHeadDim * kElemBytes;
+// Q slots: persistent CTAs get a second one whenever it fits (the opt-in limit, and MIN_BLOCKS CTAs per SM), so the
+// producer loads the next tile's Q while the current tile runs instead of after its last P·V, when the consumers give
+// the one slot back (that wait sat at every tile's start: short sequences lost ~10 % of their warp samples to it).
+// Not an axis: one more slot only ever moves a load earlier. space/wgmma.py: q_buffers.
+constexpr int kSmemTwoQ = kSmemAlign + 2 * kQBytes + 2 * kStages * kKVTileBytes + 8 * (2 + 4 * kStages + 2);
+// K/V release: K and V of a ring slot go back separately (K once S = Q·Kᵀ has read it) only in the overlapped loop
+// with two stages, where one release after P·V would put K(n+1)'s whole load on every iteration (docs/benchmarks.md:
+// +26-61 % there); elsewhere the joint release after P·V leaves a whole iteration of slack, and the split one measured
+// 1-4 % slower on the shipped 3-stage configs. Derived, not an axis: both ends are measured.
+constexpr bool kKVReleaseSplit = kOverlap && kStages == 2;
+constexpr int kQBuffers =
+    kPersistent && kSmemTwoQ <= 232448 && (kMinBlocks == 1 || kMinBlocks * (kSmemTwoQ + 1024) <= 233472) ? 2 : 1;
 // L2 bytes one section of heads may fill with its K and V (the H200 has 60 MB in two halves; FA3/FA4 budget 32-50 MB).
 constexpr long long kL2SectionBytes = 32ll << 20;
-// Q full; K full, V full, K empty, V empty per stage (K and V of a slot are released separately: K once S = Q·Kᵀ
-// has read it); persistent: Q empty (the Q slot, and the O staged in it, is free).
-constexpr int kNumBarriers = 1 + 4 * kStages + (kPersistent ? 1 : 0);
-constexpr int kSmemDynamic = kSmemAlign + kQBytes + 2 * kStages * kKVTileBytes + 8 * kNumBarriers;
+// Q full per Q slot; K full, V full, K empty, V empty per stage (K and V of a slot are released separately: K once
+// S = Q·Kᵀ has read it); persistent: Q empty per Q slot (the slot, and the O staged in it, is free).
+constexpr int kNumBarriers = kQBuffers + 4 * kStages + (kPersistent ? kQBuffers : 0);
+constexpr int kSmemDynamic = kSmemAlign + kQBuffers * kQBytes + 2 * kStages * kKVTileBytes + 8 * kNumBarriers;
 constexpr int kSmemStatic = 0;
 
 // Register budget: the launch-bounds cap, and what setmaxnreg hands each role.
@@ -87,6 +99,8 @@ static_assert(kBc % 16 == 0 && kBc >= 16 && kBc <= 256,
 static_assert(kConsumerWGs >= 1 && kConsumerWGs <= 3, "consumer_wgs_range: 1 to 3 consumer warpgroups");
 static_assert(kStages >= 2, "stages_at_least_two: the overlapped loop holds two K/V slots at once");
 static_assert(!kPingPong || kConsumerWGs == 2, "pingpong_needs_two_consumers: ping-pong alternates two warpgroups");
+static_assert(!kPingPong || kOverlap,
+              "pingpong_needs_overlap: a ping-pong turn is the S(n) + P(n-1)·V(n-1) issue of the overlapped loop");
 static_assert(!kRescaleBefore || kOverlap,
               "rescale_before_needs_overlap: o_rescale=before reorders the overlapped loop's S(n) + P(n-1)·V(n-1) issue");
 static_assert(!kSetMaxNReg || kConsumerWGs >= 2,
