@@ -13,21 +13,21 @@ from autotune.search.loop import SearchOptions, plan_sweep, run_search
 from autotune.search.sampling import SearchSpace
 from landscape_fixtures import ARCH, SMALL_SHAPE, small_landscape
 
-PROBLEM = SMALL_SHAPE.problem  # head_dim 256: 132 valid wgmma configs on sm_90
+PROBLEM = SMALL_SHAPE.problem  # head_dim 256: 120 valid wgmma configs on sm_90
 WGMMA = ("wgmma",)
 N_VALID = len(space.valid_configs(PROBLEM, ARCH, WGMMA))
 
 
 def test_the_decision_sweeps_only_what_fits_in_the_budget():
-    assert N_VALID == 132  # the figure the docs quote: change both together
+    assert N_VALID == 120  # the figure the docs quote: change both together
     fits = exhaustive.decide(PROBLEM, ARCH, WGMMA, 150)
     assert fits.sweep and len(fits.configs) == N_VALID
-    assert fits.message == "sweeping all 132 valid configs of wgmma: no more than the budget of 150 trials"
+    assert fits.message == "sweeping all 120 valid configs of wgmma: no more than the budget of 150 trials"
     exact = exhaustive.decide(PROBLEM, ARCH, WGMMA, N_VALID)
     assert exact.sweep
     over = exhaustive.decide(PROBLEM, ARCH, WGMMA, N_VALID - 1)
     assert not over.sweep and over.configs == ()
-    assert over.message == "sampling: wgmma has more valid configs than the budget of 131 trials"
+    assert over.message == "sampling: wgmma has more valid configs than the budget of 119 trials"
 
 
 def test_counting_stops_once_past_the_budget(monkeypatch):
@@ -65,7 +65,7 @@ def test_plan_sweep_sets_the_budget_to_the_valid_configs_and_idles_the_sampler()
     assert (options.trials, options.sampler) == (N_VALID, "random")  # nothing else to try; every value is queued
     assert type(session.study.sampler).__name__ == "RandomSampler"
     assert len(session.sweep) == N_VALID and session.sweep[0] == space.default_config(PROBLEM, ARCH, "wgmma")
-    assert said == ["sweeping all 132 valid configs of wgmma: no more than the budget of 150 trials"]
+    assert said == ["sweeping all 120 valid configs of wgmma: no more than the budget of 150 trials"]
     session.sweep = ()
     unchanged = SearchOptions(shape=SMALL_SHAPE, trials=150, sweep=False)
     assert plan_sweep(session, unchanged, said.append) is unchanged and session.sweep == ()
@@ -77,7 +77,7 @@ def test_a_small_space_is_swept_whole_with_one_ask_per_config(tmp_path):
     lines: list[str] = []
     result = run_search(SearchOptions(shape=SMALL_SHAPE, trials=150, sampler="tpe", seed=0, replay=path,
                                       retime_top=2, retime_rounds=1), log=lines.append)
-    assert "sweeping all 132 valid configs of wgmma: no more than the budget of 150 trials" in lines
+    assert "sweeping all 120 valid configs of wgmma: no more than the budget of 150 trials" in lines
     assert any(line.startswith("sweep: queued ") for line in lines)
     assert result.target == N_VALID and result.evaluated == N_VALID
     assert result.stop_reason == f"reached {N_VALID} evaluated trials"

@@ -3,7 +3,7 @@
 A sampler earns its keep on a large space; on a small one it spends its budget rediscovering configs it already
 tried (repeats and invalid asks), and may still miss the optimum. So before the trial loop the search counts the
 valid configs of the searched families (space/ rules, no compiling) and, when there are no more of them than
-`--trials`, sweeps them all (wgmma at head_dim 256: 132 valid configs; d128 1278 and d64 2130 are sampled at
+`--trials`, sweeps them all (wgmma at head_dim 256: 120 valid configs; d128 1110 and d64 1914 are sampled at
 the default budget):
 
 * the trial budget becomes the number of valid configs (there is nothing else to try);
