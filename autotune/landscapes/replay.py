@@ -150,6 +150,13 @@ class ReplayEvaluator:
         pass
 
 
+def recorded_configs(landscape: Landscape) -> list[Config]:
+    """The configs the landscape has a row for: what a replay may search. A landscape recorded before an axis
+    existed holds that axis at its default only (landscape_file.upgrade_key), so a replay's search space is cut
+    down to these (sampling.SearchSpace's `within`) rather than asking for configs that were never measured."""
+    return [row.config for row in landscape.rows.values()]
+
+
 class NullStore:
     """A best-per-shape store that keeps nothing: a replay re-reads old measurements, it does not make new ones,
     so it must not put a row in the table the runtime serves from."""
@@ -161,4 +168,4 @@ class NullStore:
         pass
 
 
-__all__ = ["MissingConfigError", "NullStore", "ReplayBuilder", "ReplayError", "ReplayEvaluator"]
+__all__ = ["MissingConfigError", "NullStore", "ReplayBuilder", "ReplayError", "ReplayEvaluator", "recorded_configs"]

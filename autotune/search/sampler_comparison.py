@@ -15,6 +15,7 @@ reached `stop_fraction` of the optimum and run `min_trials` (the default budget,
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections import deque
@@ -24,11 +25,11 @@ from typing import Callable, Sequence
 from ..build.spill_policy import SpillPolicy
 from ..landscapes import landscape_file as landscape_mod
 from ..landscapes.landscape_file import Landscape
-from ..landscapes.replay import ReplayBuilder, ReplayEvaluator
+from ..landscapes.replay import ReplayBuilder, ReplayEvaluator, recorded_configs
 from . import study as studies
 from .loop import TrialLoop, enqueue_first
 from .options import DEFAULT_TRIALS, SearchOptions
-from .sampling import SearchSpace, make_sampler
+from .sampling import STARTUP_TRIALS, BuiltStartup, NoSampler, SearchSpace, make_sampler
 from .verdicts import DUPLICATE_OF
 
 THRESHOLDS = (0.95, 0.98, 0.99)
@@ -43,24 +44,25 @@ ASKS_PER_TRIAL = 10
 # -- samplers -----------------------------------------------------------------------------------------------
 
 
-def _tpe(**kwargs) -> Callable:
-    def make(seed):
+def _tpe(startup: int = STARTUP_TRIALS, **kwargs) -> Callable:
+    """TPE whose random start lasts `startup` built configs (sampling.BuiltStartup), as the search's does."""
+    def make(seed, built):
         import optuna
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.TPESampler(seed=seed, **kwargs)
+            return BuiltStartup(optuna.samplers.TPESampler(seed=seed, n_startup_trials=0, **kwargs), built, seed,
+                                startup)
     return make
 
 
-def _search_default(name: str) -> Callable:
-    def make(seed):
-
-        return make_sampler(name, seed)
+def _search_default(name: str, count_built: bool = True) -> Callable:
+    def make(seed, built):
+        return make_sampler(name, seed, built if count_built else None)
     return make
 
 
-def _cmaes(seed):
+def _cmaes(seed, built):
     import optuna
 
     # Every parameter here is categorical: CMA-ES models only float/int parameters, so Optuna samples all of
@@ -74,21 +76,23 @@ def _cmaes(seed):
 class SamplerVariant:
     name: str
     description: str
-    make: Callable  # seed -> optuna sampler
+    make: Callable  # (seed, built) -> optuna sampler; built() counts the configs built so far
 
 
 VARIANTS = {v.name: v for v in (
-    SamplerVariant("tpe", "`autotune search`'s TPE: multivariate, group, constant_liar, 10 startup trials",
-                   _search_default("tpe")),
+    SamplerVariant("tpe", "`autotune search`'s TPE: multivariate, group, constant_liar, random until 10 configs "
+                          "are built", _search_default("tpe")),
+    SamplerVariant("tpe-startup-asks", "the search's TPE with Optuna's own start: 10 finished trials, invalid and "
+                                       "repeated proposals included", _search_default("tpe", count_built=False)),
     SamplerVariant("tpe-optuna", "Optuna 5's TPESampler defaults (multivariate, constant_liar, no group)", _tpe()),
     SamplerVariant("tpe-independent", "TPE, one density per parameter (multivariate=False)",
                    _tpe(multivariate=False, constant_liar=True)),
     SamplerVariant("tpe-no-liar", "the search's TPE without constant_liar", _tpe(multivariate=True, group=True,
                                                                                   constant_liar=False)),
-    SamplerVariant("tpe-startup5", "the search's TPE, 5 startup trials", _tpe(multivariate=True, group=True,
-                                                                              constant_liar=True, n_startup_trials=5)),
-    SamplerVariant("tpe-startup30", "the search's TPE, 30 startup trials",
-                   _tpe(multivariate=True, group=True, constant_liar=True, n_startup_trials=30)),
+    SamplerVariant("tpe-startup5", "the search's TPE, random until 5 configs are built",
+                   _tpe(5, multivariate=True, group=True, constant_liar=True)),
+    SamplerVariant("tpe-startup30", "the search's TPE, random until 30 configs are built",
+                   _tpe(30, multivariate=True, group=True, constant_liar=True)),
     SamplerVariant("gp", "Optuna's GPSampler (`--sampler gp`)", _search_default("gp")),
     SamplerVariant("cmaes", "CmaEsSampler: all our parameters are categorical, so it falls back to its "
                             "independent (random) sampler for every one", _cmaes),
@@ -120,7 +124,8 @@ class Run:
     sampler: str
     seed: int
     values: list = field(default_factory=list)
-    asks: int = 0
+    asks: int = 0         # trials asked in the (in-memory) stored study
+    proposals: int = 0    # the sampler's proposals, invalid and repeated ones included
     stop_reason: str = ""
 
     def best_after(self, n: int) -> float | None:
@@ -162,8 +167,8 @@ def simulate(landscape: Landscape, sampler: str, seed: int, trials: int, lag: in
     run = Run(sampler, seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # experimental-feature and independent-sampling notes, once per run
-        study = optuna.create_study(direction="maximize", sampler=variant(sampler).make(seed))
-    search_space = SearchSpace(shape.problem, arch, landscape.families)
+        study = optuna.create_study(direction="maximize", sampler=NoSampler())
+    search_space = SearchSpace(shape.problem, arch, landscape.families, within=recorded_configs(landscape))
     memory = studies.StudyMemory()
     options = SearchOptions(shape=shape, trials=trials, families=landscape.families)
     if enqueue_default:
@@ -171,7 +176,8 @@ def simulate(landscape: Landscape, sampler: str, seed: int, trials: int, lag: in
     recorder = _Recorder(run)
     loop = TrialLoop(study, search_space, ReplayBuilder(landscape), ReplayEvaluator(landscape), shape,
                         SpillPolicy(), memory, recorder, trials,
-                        max_asks=asks_per_trial * trials + 200, deadline=None)
+                        max_asks=asks_per_trial * trials + 200, deadline=None,
+                        sampler=functools.partial(variant(sampler).make, seed))
     stop_at = stop_fraction * landscape.optimum if stop_fraction else math.inf
     queue: deque = deque()
     with warnings.catch_warnings():
@@ -190,8 +196,8 @@ def simulate(landscape: Landscape, sampler: str, seed: int, trials: int, lag: in
             _judge(loop, queue.popleft())
     if not run.stop_reason:
         run.stop_reason = ("sampler exhausted the space" if loop.exhausted else
-                           f"{trials} trials" if memory.evaluated >= trials else f"{loop.asks} asks")
-    run.asks = loop.asks
+                           f"{trials} trials" if memory.evaluated >= trials else f"{loop.proposals} proposals")
+    run.asks, run.proposals = loop.asks, loop.proposals
     return run
 
 
