@@ -40,7 +40,7 @@ from space import Arch, Config, Shape
 from ..build.builder import Builder, cubin_key, provenance
 from ..build.spill_policy import SpillPolicy
 from ..landscapes import landscape_file
-from ..landscapes.replay import NullStore, ReplayBuilder, ReplayEvaluator, recorded_configs
+from ..landscapes.replay import NullStore, ReplayBuilder, ReplayEvaluator, recorded_configs, replay_pacing
 from ..measure import interrupts
 from ..measure.child_process import Evaluator
 from ..store import storage_url
@@ -304,8 +304,13 @@ def run_trials(session: Session, options: SearchOptions, log: Callable[[str], No
             this_run=loop.this_run, counts=studies.status_counts(study), asks=loop.asks, stop_reason=stop_reason,
             top=[], idle_seconds=pipeline.idle_for_builds, idle_other_seconds=pipeline.idle_other,
             first_eval_after=pipeline.first_eval_after, build_seconds=pipeline.build_seconds,
-            eval_seconds=loop.eval_seconds, interrupted=interrupted,
+            eval_seconds=loop.eval_seconds, ask_seconds=loop.ask_seconds, tell_seconds=loop.tell_seconds,
+            loop_seconds=pipeline.seconds, proposals=loop.proposals, proposals_invalid=loop.proposer.invalid,
+            proposals_repeated=loop.proposer.repeated, interrupted=interrupted,
         )
+        if options.replay is not None:
+            result.replay = options.replay.path and str(options.replay.path) or options.replay.name
+            result.simulated = replay_pacing(builder, evaluator)
         if interrupted:
             result.top = studies.top_trials(study, TOP_N)
         return result
@@ -369,9 +374,10 @@ class TrialLoop:
 
     def __init__(self, study, search_space: SearchSpace, builder, evaluator, shape: Shape, policy: SpillPolicy,
                  memory: studies.StudyMemory, progress: ProgressPrinter, target: int, max_asks: int,
-                 deadline: float | None, coordination=None, gpu_lock=None, *, sampler: Callable):
-        """`sampler(built)`: the sampler of the shadow study (sampling.make_sampler's `built`); `max_asks`
-        bounds its proposals."""
+                 deadline: float | None, coordination=None, gpu_lock=None, *, sampler: Callable | None = None):
+        """`sampler(built)`: the shadow study's sampler (sampling.make_sampler's `built`; default: the search's
+        TPE, unseeded); `max_asks` bounds the proposals (the sampler's and the stored queue's)."""
+        sampler = sampler or functools.partial(make_sampler, "tpe", None)
         self.study, self.space, self.builder, self.evaluator = study, search_space, builder, evaluator
         self.shape, self.problem, self.arch = shape, shape.problem, search_space.arch
         self.policy, self.memory, self.progress = policy, memory, progress
@@ -380,6 +386,7 @@ class TrialLoop:
         self.proposer = Proposer(sampler, search_space, self.problem, max_asks)
         self.proposer.mirror(study.get_trials(deepcopy=False))  # a resumed study: the sampler knows its trials
         self._mirrored_seen = len(memory.seen)
+        self._shown = (0, 0)  # proposals settled in the shadow that the progress lines have counted
         self._queue_may_hold = True  # the stored study's queue (enqueued configs, retries), until found empty
         self.asks = 0            # trials asked in the stored study (queued ones, and proposals worth building)
         self.ask_seconds = 0.0   # in ask(): the sampler's proposals and the stored trial
@@ -443,7 +450,7 @@ class TrialLoop:
 
     def _from_queue(self):
         """(trial, config) popped from the stored study's queue, or None when it is empty."""
-        if not self._queue_may_hold and not self.peers.waiting:
+        if (not self._queue_may_hold and not self.peers.waiting) or not self.proposer.can_propose():
             return None
         trial_id = self.study._pop_waiting_trial_id()  # Optuna's own pop: safe against other processes
         if trial_id is None:
@@ -452,6 +459,7 @@ class TrialLoop:
         import optuna
 
         t = optuna.Trial(self.study, trial_id)
+        self.proposer.proposals += 1  # a proposal too: the cap bounds queued configs and the sampler's together
         return t, self.space.suggest(t)  # its params are fixed: no sampler is asked
 
     def _place(self, t, config: Config, shadow) -> _Pending | None:
@@ -575,6 +583,8 @@ class TrialLoop:
         if remember:
             self.memory.remember(t.number, config, self.problem, outcome)
         self.tell_seconds += time.monotonic() - started
+        shown, self._shown = self._shown, (self.proposer.invalid, self.proposer.repeated)
+        self.progress.skipped(self._shown[0] - shown[0], self._shown[1] - shown[1])
         self.progress.told(t.number, config, outcome, self.memory.evaluated)
 
 

@@ -147,6 +147,9 @@ class _Recorder:
         self.run = run
         self.best = -math.inf
 
+    def skipped(self, invalid, repeated) -> None:
+        pass
+
     def told(self, number, config, outcome, evaluated) -> None:
 
         if outcome.status == "invalid" or DUPLICATE_OF in outcome.attrs:

@@ -27,7 +27,7 @@ from space import Config, Problem
 from ..build.spill_policy import SpillPolicy
 from ..launch.occupancy import blocks_per_sm
 from .sampling import set_constraint_supported
-from .storage_writes import write_trial_attrs
+from .storage_writes import finish_trial, write_trial_attrs
 
 STATUSES = ("complete", "invalid", "spilled", "compile_error", "wrong", "crashed", "timeout")
 USER_ATTRS = ("config_key", "status", "reason", "registers", "spill_stores", "spill_loads", "stack_bytes",
@@ -185,8 +185,11 @@ def _tell(study, trial, outcome: Outcome) -> bool:
     attrs = {key: value for key, value in outcome.attrs.items() if value is not None}  # unknown: left out (.get)
     attrs[CONSTRAINT_ATTR] = [outcome.constraint]
     # Where Trial.set_constraint puts it (optuna.study._constrained_optimization), written with the user attrs in
-    # one transaction (storage_writes.py); the state and value follow in study.tell's own.
+    # one transaction (storage_writes.py), with the value and state too where the study never samples.
     system = {f"constraints:{CONSTRAINT_NAME}": outcome.constraint} if set_constraint_supported() else {}
+    state = TrialState.COMPLETE if outcome.status == "complete" else TrialState.PRUNED
+    if finish_trial(study, trial._trial_id, state, outcome.value, attrs, system):
+        return False  # one transaction: attrs, value, state (a stored study that never samples)
     write_trial_attrs(study, trial._trial_id, attrs, system)
     try:
         if outcome.status == "complete":
