@@ -144,7 +144,7 @@ def test_a_told_trial_is_one_transaction_whatever_its_attrs(tmp_path):
         assert {k: v for k, v in told.user_attrs.items() if k != trial_mod.CONSTRAINT_ATTR} == \
                {k: v for k, v in outcome.attrs.items() if v is not None}
         assert told.user_attrs[trial_mod.CONSTRAINT_ATTR] == [outcome.constraint]
-        assert told.constraints == [outcome.constraint]  # what constraint-aware samplers read
+        assert told.constraints == {trial_mod.CONSTRAINT_NAME: outcome.constraint}  # what samplers read
 
 
 def test_a_trial_failed_under_the_tell_keeps_its_result_as_a_late_trial(tmp_path):
