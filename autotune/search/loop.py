@@ -3,15 +3,17 @@ re-time the top configs and store the winner. `run_search` reads in that order.
 
 The trial loop (TrialLoop, driven by pipeline.Pipeline; ask/tell in batches, the three stages overlap):
 
-    ask a batch of K new valid configs   (invalid ones are told PRUNED/invalid on the spot, never built;
-                                          configs the study already judged reuse that result)
+    ask a batch of K new valid configs   (the sampler proposes in an in-memory shadow study: invalid and
+                                          known configs are told there only; a new valid config is stored as
+                                          a trial with its params, proposals.py. Queued configs are stored
+                                          already: invalid ones are told PRUNED/invalid, known ones reuse)
     build the batch in the background    (the builder: parallel nvcc, cached)
     judge each built config              (compile error, spill policy, identical cubin → no GPU needed;
                                           else the evaluator, in its child process)
     → verdicts.tell (status, user attrs, constraint)
 
 `trials` counts configs actually built in the study (every status but invalid), so a mostly invalid space does
-not eat the budget; `max_asks` bounds the asking so it cannot loop forever. At the end the top configs are
+not eat the budget; `max_asks` bounds the proposals so it cannot loop forever. At the end the top configs are
 re-timed in one evaluator session next to the SDPA baselines, and the winner goes to the best-per-shape store.
 
 Runs differ only in what is plugged in:
