@@ -33,6 +33,12 @@ from .sampling import SearchSpace
 from .verdicts import Outcome
 
 
+# Proposals per call: a TPE proposal takes milliseconds to tens of them (it grows with the trials), and the
+# pipeline notices a finished evaluation or build only between calls, so a long run of invalid and repeated
+# proposals would hold the GPU idle unseen.
+PER_CALL = 4
+
+
 class Proposer:
     """Asks the sampler in the shadow study until it names a new valid config (or the proposal cap is met)."""
 
@@ -60,10 +66,14 @@ class Proposer:
 
     # -- proposing ----------------------------------------------------------------------------------------------
 
-    def propose(self, judged: Mapping[str, object], in_flight: Mapping[str, object]):
+    def propose(self, judged: Mapping[str, object], in_flight: Mapping[str, object], tries: int = PER_CALL):
         """(shadow trial, config) of a config neither judged (`judged`: config key → Judged) nor `in_flight`
-        (config key → anything with a `shadow_followers` list); None once the cap is met or the space exhausted."""
-        while self.can_propose():
+        (config key → anything with a `shadow_followers` list); None after `tries` proposals without one (the
+        caller may look at its builds and evaluation, then ask again), or once the cap is met or the space
+        exhausted."""
+        for _ in range(tries):
+            if not self.can_propose():
+                break
             s = self.shadow.ask()
             self.proposals += 1
             config = self.space.suggest(s)
@@ -124,4 +134,4 @@ class Proposer:
                 "the sampler only)")
 
 
-__all__ = ["Proposer"]
+__all__ = ["PER_CALL", "Proposer"]
