@@ -49,11 +49,21 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=1)
     a = p.parse_args()
     work = [(path, s, seed, a.lag) for path in a.landscapes for s in a.samplers for seed in range(a.seeds)]
+    results = []
+
+    def done(r):
+        results.append(r)
+        name = r[0].rsplit("/", 1)[-1]
+        print(f"  [{len(results)}/{len(work)}] {name} {r[1]} seed {r[2]}: trials to 98 % {r[3]}, stored asks per "
+              f"evaluated trial {r[4]:.2f}, proposals per evaluated trial {r[5]:.2f}, {r[6]:.1f} s", flush=True)
+
     if a.jobs > 1:
         with multiprocessing.get_context("spawn").Pool(a.jobs) as pool:
-            results = pool.map(one, work, chunksize=1)
+            for r in pool.imap_unordered(one, work, chunksize=1):
+                done(r)
     else:
-        results = [one(w) for w in work]
+        for w in work:
+            done(one(w))
     print("| landscape | sampler | trials to 98 % | stored asks / evaluated | proposals / evaluated | s per search |")
     print("|---|---|---|---|---|---|")
     for path in a.landscapes:
