@@ -186,24 +186,6 @@ def test_the_start_counts_built_configs_not_finished_trials():
     assert inner.relative_calls == 1
 
 
-def test_the_search_starts_its_model_after_ten_built_configs(landscape, tmp_path, monkeypatch):
-    """In a search, proposals go to TPE's model only once 10 configs are built, however many were invalid."""
-    from autotune.search import proposals
-
-    seen = []
-    real = proposals.Proposer.propose
-
-    def spy(self, judged, in_flight):
-        tpe_now = self.shadow.sampler._now() is self.shadow.sampler.inner
-        out = real(self, judged, in_flight)
-        seen.append((self.built(), tpe_now))
-        return out
-
-    monkeypatch.setattr(proposals.Proposer, "propose", spy)
-    _search(landscape, tmp_path, trials=14, ahead=1)
-    assert all(tpe == (built >= 10) for built, tpe in seen) and any(tpe for _, tpe in seen)
-
-
 # -- replay: the recorded axis values only ----------------------------------------------------------------------
 
 def test_replay_searches_only_the_axis_values_its_landscape_recorded(landscape, tmp_path):

@@ -60,7 +60,7 @@ from . import storage_writes
 from .pipeline import Pipeline
 from .progress import ProgressPrinter
 from .proposals import Proposer
-from .sampling import NoSampler, SearchSpace, make_sampler
+from .sampling import NoSampler, SearchSpace, make_sampler, shadow_sampler
 from .verdicts import Outcome
 
 
@@ -225,7 +225,7 @@ def open_session(options: SearchOptions, url: str, *, builder=None, evaluator=No
             # A resumed run must not replay the first run's random draws (they would all be duplicates), nor
             # may workers started together draw the same sequence.
             seed += len(study.trials) + (7919 * worker.index if worker is not None else 0)
-        sampler = functools.partial(make_sampler, options.sampler, seed)
+        sampler = functools.partial(shadow_sampler, options.sampler, seed)
     except BaseException:
         if own_evaluator:
             evaluator.close()
@@ -379,7 +379,7 @@ class TrialLoop:
                  deadline: float | None, coordination=None, gpu_lock=None, *, sampler: Callable | None = None):
         """`sampler(built)`: the shadow study's sampler (sampling.make_sampler's `built`; default: the search's
         TPE, unseeded); `max_asks` bounds the proposals (the sampler's and the stored queue's)."""
-        sampler = sampler or functools.partial(make_sampler, "tpe", None)
+        sampler = sampler or functools.partial(shadow_sampler, "tpe", None)
         self.study, self.space, self.builder, self.evaluator = study, search_space, builder, evaluator
         self.shape, self.problem, self.arch = shape, shape.problem, search_space.arch
         self.policy, self.memory, self.progress = policy, memory, progress

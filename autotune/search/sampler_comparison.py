@@ -29,7 +29,7 @@ from ..landscapes.replay import ReplayBuilder, ReplayEvaluator, recorded_configs
 from . import study as studies
 from .loop import TrialLoop, enqueue_first
 from .options import DEFAULT_TRIALS, SearchOptions
-from .sampling import STARTUP_TRIALS, BuiltStartup, NoSampler, SearchSpace, make_sampler
+from .sampling import NoSampler, SearchSpace, make_sampler, shadow_sampler
 from .verdicts import DUPLICATE_OF
 
 THRESHOLDS = (0.95, 0.98, 0.99)
@@ -44,20 +44,21 @@ ASKS_PER_TRIAL = 10
 # -- samplers -----------------------------------------------------------------------------------------------
 
 
-def _tpe(startup: int = STARTUP_TRIALS, **kwargs) -> Callable:
-    """TPE whose random start lasts `startup` built configs (sampling.BuiltStartup), as the search's does."""
-    def make(seed, built):
+def _tpe(**kwargs) -> Callable:
+    def make(seed, built):  # Optuna's start (finished trials), as the search's (sampling.START_COUNTS_BUILT)
         import optuna
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return BuiltStartup(optuna.samplers.TPESampler(seed=seed, n_startup_trials=0, **kwargs), built, seed,
-                                startup)
+            return optuna.samplers.TPESampler(seed=seed, **kwargs)
     return make
 
 
-def _search_default(name: str, count_built: bool = True) -> Callable:
+def _search_default(name: str, count_built: bool | None = None) -> Callable:
+    """The search's sampler (sampling.shadow_sampler); count_built overrides which start it has."""
     def make(seed, built):
+        if count_built is None:
+            return shadow_sampler(name, seed, built)
         return make_sampler(name, seed, built if count_built else None)
     return make
 
@@ -80,19 +81,19 @@ class SamplerVariant:
 
 
 VARIANTS = {v.name: v for v in (
-    SamplerVariant("tpe", "`autotune search`'s TPE: multivariate, group, constant_liar, random until 10 configs "
-                          "are built", _search_default("tpe")),
-    SamplerVariant("tpe-startup-asks", "the search's TPE with Optuna's own start: 10 finished trials, invalid and "
-                                       "repeated proposals included", _search_default("tpe", count_built=False)),
+    SamplerVariant("tpe", "`autotune search`'s TPE: multivariate, group, constant_liar, 10 startup trials "
+                          "(Optuna's start: finished trials, invalid proposals included)", _search_default("tpe")),
+    SamplerVariant("tpe-startup-built", "the search's TPE, random until 10 configs are built (sampling.BuiltStartup)",
+                   _search_default("tpe", count_built=True)),
     SamplerVariant("tpe-optuna", "Optuna 5's TPESampler defaults (multivariate, constant_liar, no group)", _tpe()),
     SamplerVariant("tpe-independent", "TPE, one density per parameter (multivariate=False)",
                    _tpe(multivariate=False, constant_liar=True)),
     SamplerVariant("tpe-no-liar", "the search's TPE without constant_liar", _tpe(multivariate=True, group=True,
                                                                                   constant_liar=False)),
-    SamplerVariant("tpe-startup5", "the search's TPE, random until 5 configs are built",
-                   _tpe(5, multivariate=True, group=True, constant_liar=True)),
-    SamplerVariant("tpe-startup30", "the search's TPE, random until 30 configs are built",
-                   _tpe(30, multivariate=True, group=True, constant_liar=True)),
+    SamplerVariant("tpe-startup5", "the search's TPE, 5 startup trials", _tpe(multivariate=True, group=True,
+                                                                              constant_liar=True, n_startup_trials=5)),
+    SamplerVariant("tpe-startup30", "the search's TPE, 30 startup trials",
+                   _tpe(multivariate=True, group=True, constant_liar=True, n_startup_trials=30)),
     SamplerVariant("gp", "Optuna's GPSampler (`--sampler gp`)", _search_default("gp")),
     SamplerVariant("cmaes", "CmaEsSampler: all our parameters are categorical, so it falls back to its "
                             "independent (random) sampler for every one", _cmaes),
@@ -126,6 +127,7 @@ class Run:
     values: list = field(default_factory=list)
     asks: int = 0         # trials asked in the (in-memory) stored study
     proposals: int = 0    # the sampler's proposals, invalid and repeated ones included
+    unjudged: int = 0     # asked (in flight, up to the lag) when the run stopped: never judged
     stop_reason: str = ""
 
     def best_after(self, n: int) -> float | None:
@@ -200,7 +202,7 @@ def simulate(landscape: Landscape, sampler: str, seed: int, trials: int, lag: in
     if not run.stop_reason:
         run.stop_reason = ("sampler exhausted the space" if loop.exhausted else
                            f"{trials} trials" if memory.evaluated >= trials else f"{loop.proposals} proposals")
-    run.asks, run.proposals = loop.asks, loop.proposals
+    run.asks, run.proposals, run.unjudged = loop.asks, loop.proposals, len(queue)
     return run
 
 
