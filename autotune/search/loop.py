@@ -94,6 +94,9 @@ def _search(options: SearchOptions, builder, evaluator, store, log: Callable[[st
     try:
         result = trials(session, options, store, log)
         result.wall_seconds = time.monotonic() - started
+        if options.replay is not None:  # here, not in run_trials: --workers results are merged from the workers'
+            result.replay = str(options.replay.path) if options.replay.path else options.replay.name
+            result.simulated = replay_pacing(session.builder, session.evaluator)
         trials_seconds = time.monotonic() - opened
         if result.interrupted:
             raise SearchInterrupted(result)
@@ -310,9 +313,7 @@ def run_trials(session: Session, options: SearchOptions, log: Callable[[str], No
             loop_seconds=pipeline.seconds, proposals=loop.proposals, proposals_invalid=loop.proposer.invalid,
             proposals_repeated=loop.proposer.repeated, interrupted=interrupted,
         )
-        if options.replay is not None:
-            result.replay = options.replay.path and str(options.replay.path) or options.replay.name
-            result.simulated = replay_pacing(builder, evaluator)
+
         if interrupted:
             result.top = studies.top_trials(study, TOP_N)
         return result
