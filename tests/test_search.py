@@ -301,7 +301,8 @@ def test_invalid_asks_do_not_use_the_budget_and_the_ask_cap_ends_the_search(tmp_
     enqueue(storage(tmp_path), "t", invalid)
     result, _ = search(tmp_path, spy, trials=5, max_asks=4)
     assert spy.calls == [] and double.evaluated() == []   # nothing reached nvcc, nothing ran
-    assert result.asks == 4 and result.evaluated == 0 and "after 4 asks" in result.stop_reason
+    # queued configs count as proposals: the cap (max_asks) bounds them with the sampler's
+    assert result.asks == 4 and result.evaluated == 0 and "after 4 proposals" in result.stop_reason
     assert dict(result.counts) == {"invalid": 4}
     assert result.best is None and result.record is None
     assert "nothing stored" in format_result(result)

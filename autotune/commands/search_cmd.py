@@ -251,8 +251,6 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(err))
     print()
     print(format_result(result))
-    if args.replay is not None:
-        print(f"  replayed from {args.replay}: nothing was compiled or run, and nothing was stored")
     return 0 if result.best is not None else NO_RESULT
 
 

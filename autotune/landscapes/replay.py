@@ -10,7 +10,10 @@ replay to time a config the recording did not time (a spilling build, skipped un
 policy), and for a shape or arch other than the recorded one.
 
 $AUTOTUNE_REPLAY_SECONDS makes each replayed evaluation take that long (default 0: answered at once), so that
-fault drills (benchmarks/faults.py) can kill a process or restart its database while a trial is in flight.
+fault drills (benchmarks/faults.py) can kill a process or restart its database while a trial is in flight;
+$AUTOTUNE_REPLAY_BUILD_SECONDS makes each build call (one batch, built in parallel by the real Builder) take that
+long. With both, a replay is a simulated GPU host: the search's loop timing (asking, waiting for builds) can be
+measured on a CPU.
 """
 from __future__ import annotations
 
@@ -56,12 +59,15 @@ class ReplayBuilder:
         self.jobs = jobs  # the search sizes its batches by this; replay has no compiler to keep busy
         self.nvcc_version = landscape.header.get("nvcc_version")
         self.calls = 0
+        self.pace = float(os.environ.get(BUILD_PACE_ENV) or 0)  # seconds per build call (module docstring)
 
     def build_one(self, config: Config, problem: Problem) -> BuildResult:
         return self.build([(config, problem)])[0]
 
     def build(self, items: Sequence[tuple[Config, Problem]], progress=None) -> list[BuildResult]:
         self.calls += 1
+        if self.pace and items:
+            time.sleep(self.pace)  # a simulated parallel nvcc batch: nothing to wait on but the clock
         out = []
         for i, (config, problem) in enumerate(items):
             result = self._one(config, problem)
@@ -88,6 +94,7 @@ class ReplayBuilder:
 
 
 PACE_ENV = "AUTOTUNE_REPLAY_SECONDS"
+BUILD_PACE_ENV = "AUTOTUNE_REPLAY_BUILD_SECONDS"
 
 
 class ReplayEvaluator:
@@ -150,6 +157,21 @@ class ReplayEvaluator:
         pass
 
 
+def replay_pacing(builder, evaluator) -> str | None:
+    """What a paced replay simulates (for the summary), or None when builds and evaluations answer at once."""
+    build, evaluate = getattr(builder, "pace", 0) or 0, getattr(evaluator, "pace", 0) or 0
+    if not (isinstance(builder, ReplayBuilder) or isinstance(evaluator, ReplayEvaluator)) or not (build or evaluate):
+        return None
+    return f"{build:g} s per build batch (${BUILD_PACE_ENV}), {evaluate:g} s per evaluation (${PACE_ENV})"
+
+
+def recorded_configs(landscape: Landscape) -> list[Config]:
+    """The configs the landscape has a row for: what a replay may search. A landscape recorded before an axis
+    existed holds that axis at its default only (landscape_file.upgrade_key), so a replay's search space is cut
+    down to these (sampling.SearchSpace's `within`) rather than asking for configs that were never measured."""
+    return [row.config for row in landscape.rows.values()]
+
+
 class NullStore:
     """A best-per-shape store that keeps nothing: a replay re-reads old measurements, it does not make new ones,
     so it must not put a row in the table the runtime serves from."""
@@ -161,4 +183,5 @@ class NullStore:
         pass
 
 
-__all__ = ["MissingConfigError", "NullStore", "ReplayBuilder", "ReplayError", "ReplayEvaluator"]
+__all__ = ["MissingConfigError", "NullStore", "ReplayBuilder", "ReplayError", "ReplayEvaluator", "recorded_configs",
+           "replay_pacing"]

@@ -3,15 +3,17 @@ re-time the top configs and store the winner. `run_search` reads in that order.
 
 The trial loop (TrialLoop, driven by pipeline.Pipeline; ask/tell in batches, the three stages overlap):
 
-    ask a batch of K new valid configs   (invalid ones are told PRUNED/invalid on the spot, never built;
-                                          configs the study already judged reuse that result)
+    ask a batch of K new valid configs   (the sampler proposes in an in-memory shadow study: invalid and
+                                          known configs are told there only; a new valid config is stored as
+                                          a trial with its params, proposals.py. Queued configs are stored
+                                          already: invalid ones are told PRUNED/invalid, known ones reuse)
     build the batch in the background    (the builder: parallel nvcc, cached)
     judge each built config              (compile error, spill policy, identical cubin → no GPU needed;
                                           else the evaluator, in its child process)
     → verdicts.tell (status, user attrs, constraint)
 
 `trials` counts configs actually built in the study (every status but invalid), so a mostly invalid space does
-not eat the budget; `max_asks` bounds the asking so it cannot loop forever. At the end the top configs are
+not eat the budget; `max_asks` bounds the proposals so it cannot loop forever. At the end the top configs are
 re-timed in one evaluator session next to the SDPA baselines, and the winner goes to the best-per-shape store.
 
 Runs differ only in what is plugged in:
@@ -27,6 +29,7 @@ Tests plug in the real Builder with a test-double evaluator the same way (run_se
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections import Counter
@@ -39,7 +42,7 @@ from space import Arch, Config, Shape
 from ..build.builder import Builder, cubin_key, provenance
 from ..build.spill_policy import SpillPolicy
 from ..landscapes import landscape_file
-from ..landscapes.replay import NullStore, ReplayBuilder, ReplayEvaluator
+from ..landscapes.replay import NullStore, ReplayBuilder, ReplayEvaluator, recorded_configs, replay_pacing
 from ..measure import interrupts
 from ..measure.child_process import Evaluator
 from ..store import storage_url
@@ -55,9 +58,11 @@ from . import verdicts as trial_mod
 from . import warm_start
 from .options import (ASKS_PER_TRIAL, DEFAULT_EVAL_TIMEOUT, DEFAULT_TRIALS, TOP_N, WAIT_SECONDS, SearchInterrupted,
                       SearchOptions, SearchResult)
+from . import storage_writes
 from .pipeline import Pipeline
 from .progress import ProgressPrinter
-from .sampling import SearchSpace, make_sampler
+from .proposals import Proposer
+from .sampling import NoSampler, SearchSpace, make_sampler, shadow_sampler
 from .verdicts import Outcome
 
 
@@ -92,6 +97,9 @@ def _search(options: SearchOptions, builder, evaluator, store, log: Callable[[st
     try:
         result = trials(session, options, store, log)
         result.wall_seconds = time.monotonic() - started
+        if options.replay is not None:  # here, not in run_trials: --workers results are merged from the workers'
+            result.replay = str(options.replay.path) if options.replay.path else options.replay.name
+            result.simulated = replay_pacing(session.builder, session.evaluator)
         trials_seconds = time.monotonic() - opened
         if result.interrupted:
             raise SearchInterrupted(result)
@@ -177,6 +185,7 @@ class Session:
     study: object
     device_info: dict = field(default_factory=dict)  # the evaluator's answer (or the launcher's, in a worker)
     lock: object = None  # coordination.StudyLock of a SQLite study, held until the search ends
+    sampler: Callable = None  # built → the shadow study's sampler (sampling.make_sampler, seeded for this process)
     sweep: tuple = ()  # every valid config, in queue order, when the search sweeps them all (plan_sweep)
 
     def close(self) -> None:
@@ -205,7 +214,9 @@ def open_session(options: SearchOptions, url: str, *, builder=None, evaluator=No
         arch = choose_arch(options.arch, info.get("arch"))
         if builder is None:
             builder = Builder(arch, cache_dir=options.cache_dir, jobs=options.jobs, extra_flags=options.nvcc_flags)
-        search_space = SearchSpace(options.shape.problem, arch, options.families)
+        # A replay searches what its landscape recorded (axes added since: their default value only)
+        within = recorded_configs(options.replay) if options.replay is not None else None
+        search_space = SearchSpace(options.shape.problem, arch, options.families, within=within)
         prov = provenance(builder, search_space.families)
         name = options.study_name or studies.default_study_name(gpu_name, options.shape, options.families)
         if options.replay is not None and not options.study_name:
@@ -214,13 +225,14 @@ def open_session(options: SearchOptions, url: str, *, builder=None, evaluator=No
         # SQLite: refuse a second search process on this study before touching it (coordination.StudyLock)
         lock = peers.lock_study(url, name) if worker is None else None
         storage = peers.make_storage(url, options.heartbeat, options.grace)
-        study = studies.open_study(name, storage, make_sampler(options.sampler, seed), options.shape, arch, gpu_name,
-                                   prov, log=log)
+        make_sampler(options.sampler, seed)  # an unknown or unavailable --sampler fails here, before any trial
+        # The stored study never samples: proposals come from the shadow study (proposals.py).
+        study = studies.open_study(name, storage, NoSampler(), options.shape, arch, gpu_name, prov, log=log)
         if seed is not None and (study.trials or worker is not None):
             # A resumed run must not replay the first run's random draws (they would all be duplicates), nor
             # may workers started together draw the same sequence.
-            offset = len(study.trials) + (7919 * worker.index if worker is not None else 0)
-            study.sampler = make_sampler(options.sampler, seed + offset)
+            seed += len(study.trials) + (7919 * worker.index if worker is not None else 0)
+        sampler = functools.partial(shadow_sampler, options.sampler, seed)
     except BaseException:
         if own_evaluator:
             evaluator.close()
@@ -229,7 +241,7 @@ def open_session(options: SearchOptions, url: str, *, builder=None, evaluator=No
         raise
     count = info.get("device_count")
     return Session(url, evaluator, own_evaluator, gpu_name, arch, count if isinstance(count, int) else None, builder,
-                   prov, search_space, name, storage, study, info, lock)
+                   prov, search_space, name, storage, study, info, lock, sampler)
 
 
 def plan_sweep(session: Session, options: SearchOptions, log) -> SearchOptions:
@@ -307,7 +319,8 @@ def run_trials(session: Session, options: SearchOptions, log: Callable[[str], No
         deadline = time.monotonic() + options.timeout if options.timeout else None
         progress = ProgressPrinter(target, log=log, best=studies.top_trials(study, 1))
         loop = TrialLoop(study, session.search_space, builder, evaluator, options.shape, options.spill_policy,
-                         memory, progress, target, max_asks, deadline, coordination, worker.lock if worker else None)
+                         memory, progress, target, max_asks, deadline, coordination, worker.lock if worker else None,
+                         sampler=session.sampler)
         batch_size = options.ahead or max(2, getattr(builder, "jobs", 2))
         log(f"study {session.name}: {memory.evaluated} of {target} trials already evaluated; batches of "
             f"{batch_size}; storage {storage_url.describe(session.url)}")
@@ -319,8 +332,11 @@ def run_trials(session: Session, options: SearchOptions, log: Callable[[str], No
             this_run=loop.this_run, counts=studies.status_counts(study), asks=loop.asks, stop_reason=stop_reason,
             top=[], idle_seconds=pipeline.idle_for_builds, idle_other_seconds=pipeline.idle_other,
             first_eval_after=pipeline.first_eval_after, build_seconds=pipeline.build_seconds,
-            eval_seconds=loop.eval_seconds, interrupted=interrupted,
+            eval_seconds=loop.eval_seconds, ask_seconds=loop.ask_seconds, tell_seconds=loop.tell_seconds,
+            loop_seconds=pipeline.seconds, proposals=loop.proposals, proposals_invalid=loop.proposer.invalid,
+            proposals_repeated=loop.proposer.repeated, interrupted=interrupted,
         )
+
         if interrupted:
             result.top = studies.top_trials(study, TOP_N)
         return result
@@ -350,8 +366,8 @@ def _run_pipeline(loop: TrialLoop, options: SearchOptions, batch_size: int) -> t
     elif loop.exhausted:
         reason = "the sampler has explored the whole space"
     else:
-        reason = (f"stopped after {loop.asks} asks without enough new valid configs (the valid space may be "
-                  "exhausted, or the sampler keeps proposing invalid or repeated ones)")
+        reason = (f"stopped after {loop.proposals} proposals without enough new valid configs (the valid space "
+                  "may be exhausted, or the sampler keeps proposing invalid or repeated ones)")
     return reason, pipeline, False
 
 
@@ -374,7 +390,9 @@ class _Pending:
 
     trial: object
     config: Config
-    followers: list = field(default_factory=list)  # later asks of the same config: told when this one is
+    shadow: object = None  # its twin in the shadow study (proposals.py)
+    followers: list = field(default_factory=list)  # later stored asks of the same config: told when this one is
+    shadow_followers: list = field(default_factory=list)  # later proposals of it: told to the shadow likewise
 
 
 class TrialLoop:
@@ -382,14 +400,23 @@ class TrialLoop:
 
     def __init__(self, study, search_space: SearchSpace, builder, evaluator, shape: Shape, policy: SpillPolicy,
                  memory: studies.StudyMemory, progress: ProgressPrinter, target: int, max_asks: int,
-                 deadline: float | None, coordination=None, gpu_lock=None):
+                 deadline: float | None, coordination=None, gpu_lock=None, *, sampler: Callable | None = None):
+        """`sampler(built)`: the shadow study's sampler (sampling.make_sampler's `built`; default: the search's
+        TPE, unseeded); `max_asks` bounds the proposals (the sampler's and the stored queue's)."""
+        sampler = sampler or functools.partial(shadow_sampler, "tpe", None)
         self.study, self.space, self.builder, self.evaluator = study, search_space, builder, evaluator
         self.shape, self.problem, self.arch = shape, shape.problem, search_space.arch
         self.policy, self.memory, self.progress = policy, memory, progress
         self.target, self.max_asks, self.deadline = target, max_asks, deadline
         self.in_flight: dict[str, _Pending] = {}  # asked, new, valid configs not told yet
-        self.asks = 0
-        self.exhausted = False
+        self.proposer = Proposer(sampler, search_space, self.problem, max_asks)
+        self.proposer.mirror(study.get_trials(deepcopy=False))  # a resumed study: the sampler knows its trials
+        self._mirrored_seen = len(memory.seen)
+        self._shown = (0, 0)  # proposals settled in the shadow that the progress lines have counted
+        self._queue_may_hold = True  # the stored study's queue (enqueued configs, retries), until found empty
+        self.asks = 0            # trials asked in the stored study (queued ones, and proposals worth building)
+        self.ask_seconds = 0.0   # in ask(): the sampler's proposals and the stored trial
+        self.tell_seconds = 0.0  # telling outcomes (stored study and shadow)
         self.this_run: Counter = Counter()
         self.eval_seconds = 0.0
         self._eval_started = 0.0
@@ -405,44 +432,89 @@ class TrialLoop:
 
     def can_ask(self) -> bool:
         self.peers.refresh()  # throttled; other processes' results and running configs count here too
+        if len(self.memory.seen) != self._mirrored_seen:  # other processes told trials: the sampler learns them
+            self._mirrored_seen = len(self.memory.seen)
+            self.proposer.mirror(self.study.get_trials(deepcopy=False))
         wanted = self.target - self.memory.evaluated - self.peers.running_elsewhere - len(self.in_flight)
-        return wanted > 0 and not self.exhausted and self.asks < self.max_asks and self.time_left()
+        return wanted > 0 and self.proposer.can_propose() and self.time_left()
+
+    @property
+    def exhausted(self) -> bool:
+        """The sampler has proposed every point of the space (BruteForceSampler)."""
+        return self.proposer.exhausted
+
+    @property
+    def proposals(self) -> int:
+        return self.proposer.proposals
 
     def ask(self) -> _Pending | None:
-        """One ask: a new valid config to build, or None when the ask was settled on the spot."""
-        # Critical: once the trial exists in the storage, a Ctrl-C must find it told or in flight (interrupts.py).
-        with interrupts.critical():
-            t = self.study.ask()
-            self.peers.held(t)  # first heartbeat (shared storages)
-            self.asks += 1
-            return self._place(t)
+        """One ask: a new valid config to build, or None when the ask was settled on the spot.
 
-    def _place(self, t) -> _Pending | None:
-        config = self.space.suggest(t)
+        The stored study's queue first (enqueued configs, retries of dead trials: stored already, judged as they
+        come); else the sampler, in the shadow study (proposals.py), until it names a new valid config, which is
+        then stored as a trial with its params in one transaction."""
+        started = time.monotonic()
+        try:
+            # Critical: once the trial exists in the storage, a Ctrl-C must find it told or in flight (interrupts.py).
+            with interrupts.critical():
+                queued = self._from_queue()
+                if queued is not None:
+                    t, config = queued
+                    shadow = self.proposer.follow(t.params)
+                else:
+                    proposal = self.proposer.propose(self.memory.by_config, self.in_flight)
+                    if proposal is None:
+                        return None
+                    shadow, config = proposal
+                    frozen = self.proposer.shadow._storage.get_trial(shadow._trial_id)
+                    t = storage_writes.create_trial(self.study, frozen.params, frozen.distributions)
+                self.peers.held(t)  # first heartbeat (shared storages)
+                self.asks += 1
+                return self._place(t, config, shadow)
+        finally:
+            self.ask_seconds += time.monotonic() - started
+
+    def _from_queue(self):
+        """(trial, config) popped from the stored study's queue, or None when it is empty."""
+        if (not self._queue_may_hold and not self.peers.waiting) or not self.proposer.can_propose():
+            return None
+        trial_id = self.study._pop_waiting_trial_id()  # Optuna's own pop: safe against other processes
+        if trial_id is None:
+            self._queue_may_hold = False  # only other processes (shared storages: peers.waiting) add to it now
+            return None
+        import optuna
+
+        t = optuna.Trial(self.study, trial_id)
+        self.proposer.proposals += 1  # a proposal too: the cap bounds queued configs and the sampler's together
+        return t, self.space.suggest(t)  # its params are fixed: no sampler is asked
+
+    def _place(self, t, config: Config, shadow) -> _Pending | None:
         violations = space.violations(config, self.problem, self.arch)
-        if violations:  # never reaches nvcc
-            self._tell(t, trial_mod.invalid(config, self.problem, violations), config, remember=False)
+        if violations:  # never reaches nvcc (only a queued config can be invalid here)
+            self._tell(t, trial_mod.invalid(config, self.problem, violations), config, remember=False, shadow=shadow)
             return None
         earlier = self.memory.by_config.get(config.key)
         if earlier is not None:  # judged before in this study: reuse, do not build or run again
             self._tell(t, trial_mod.reused(earlier.outcome, trial_mod.DUPLICATE_OF, earlier.number, config,
-                                           self.problem), config, remember=False)
+                                           self.problem), config, remember=False, shadow=shadow)
             return None
         pending = self.in_flight.get(config.key)
         if pending is not None:  # asked again while on its way: told together with the first ask
             pending.followers.append(t)
+            pending.shadow_followers.append(shadow)
             return None
         verdict = self.peers.claim(t, config)  # shared storages: is another process on it, or done with it?
         if verdict.kind == "judged":
             self._tell(t, trial_mod.reused(verdict.outcome, trial_mod.DUPLICATE_OF, verdict.number, config,
-                                           self.problem), config, remember=False)
+                                           self.problem), config, remember=False, shadow=shadow)
             return None
         if verdict.kind == "running":
             trial_mod.defer(self.study, t, config, verdict.number)
+            self.proposer.abandon(shadow)
             self.peers.released(t)
             self.this_run["deferred"] += 1
             return None
-        pending = _Pending(t, config)
+        pending = _Pending(t, config, shadow)
         self.in_flight[config.key] = pending
         return pending
 
@@ -486,8 +558,7 @@ class TrialLoop:
         """Nothing is left to ask, build or run here. On a shared storage, other processes' running trials may
         still finish (the budget is met) or die (their retries come back to be asked): wait a little and say
         True while that can happen; False ends the loop."""
-        if (self.memory.evaluated >= self.target or self.exhausted or self.asks >= self.max_asks
-                or not self.time_left()):
+        if self.memory.evaluated >= self.target or not self.proposer.can_propose() or not self.time_left():
             return False
         self.peers.refresh(force=True)
         if not self.peers.others_active():
@@ -501,11 +572,13 @@ class TrialLoop:
         with interrupts.critical():  # told, then out of in_flight: an interrupt never finds it half-way
             # One write first: a kill during the tell's writes then costs no measurement (deaths.py re-tells it).
             deaths.store_measurement(self.study, pending.trial, outcome)
-            self._tell(pending.trial, outcome, pending.config, remember=True)
+            self._tell(pending.trial, outcome, pending.config, remember=True, shadow=pending.shadow)
             original = self.memory.by_config[pending.config.key].number
+            copy = trial_mod.reused(outcome, trial_mod.DUPLICATE_OF, original, pending.config, self.problem)
             for follower in pending.followers:
-                self._tell(follower, trial_mod.reused(outcome, trial_mod.DUPLICATE_OF, original, pending.config,
-                                                      self.problem), pending.config, remember=False)
+                self._tell(follower, copy, pending.config, remember=False)
+            for s in pending.shadow_followers:
+                self.proposer.tell(s, copy, pending.config)
             self.in_flight.pop(pending.config.key, None)
 
     def abandon(self, reason: str) -> int:
@@ -521,17 +594,26 @@ class TrialLoop:
                     trial_mod.abandon(self.study, t, reason)
                     self.peers.released(t)
                     n += 1
+                for s in [pending.shadow, *pending.shadow_followers]:
+                    self.proposer.abandon(s)
             self.in_flight.clear()
             self.this_run["cancelled"] += n
         return n
 
-    def _tell(self, t, outcome: Outcome, config: Config, remember: bool) -> None:
+    def _tell(self, t, outcome: Outcome, config: Config, remember: bool, shadow=None) -> None:
+        started = time.monotonic()
         if trial_mod.tell(self.study, t, outcome):
-            self.exhausted = True
+            self.proposer.exhausted = True
+        self.proposer.mirrored.add(t.number)  # the shadow learns it from its twin, told here
+        if shadow is not None:
+            self.proposer.tell(shadow, outcome, config)
         self.peers.released(t)
         self.this_run[outcome.status] += 1
         if remember:
             self.memory.remember(t.number, config, self.problem, outcome)
+        self.tell_seconds += time.monotonic() - started
+        shown, self._shown = self._shown, (self.proposer.invalid, self.proposer.repeated)
+        self.progress.skipped(self._shown[0] - shown[0], self._shown[1] - shown[1])
         self.progress.told(t.number, config, outcome, self.memory.evaluated)
 
 

@@ -89,7 +89,7 @@ class SearchResult:
     evaluated: int                          # distinct configs built in the study, after this run
     this_run: Counter                       # statuses of trials told in this run
     counts: Counter                         # statuses of every finished trial of the study
-    asks: int
+    asks: int                               # trials stored this run (queued configs, and proposals worth building)
     stop_reason: str
     top: list = field(default_factory=list)  # FrozenTrials, best first (up to 5)
     retimed: list = field(default_factory=list)
@@ -100,10 +100,18 @@ class SearchResult:
     first_eval_after: float | None = None   # seconds until the first evaluation started
     build_seconds: float = 0.0
     eval_seconds: float = 0.0
+    ask_seconds: float = 0.0                # in asks: the sampler's proposals and storing the trials
+    tell_seconds: float = 0.0               # telling outcomes (stored study and the sampler's shadow)
+    loop_seconds: float = 0.0               # wall time of the trial loop (the pipeline)
+    proposals: int = 0                      # the sampler's proposals this run (proposals.py), queued configs included
+    proposals_invalid: int = 0              # of them, invalid configs told to the sampler only
+    proposals_repeated: int = 0             # of them, configs judged or in flight already, told to the sampler only
     wall_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False               # Ctrl-C: in-flight trials failed, no re-timing, nothing stored
     workers: list[str] = field(default_factory=list)  # --workers: one line per worker process
+    replay: str | None = None               # --replay: the landscape answered instead of nvcc and a GPU
+    simulated: str | None = None            # --replay with paced builds/evaluations: what the pacing was
 
     @property
     def best(self):

@@ -103,6 +103,7 @@ class Pipeline:
         self.first_eval_after = None  # seconds from start to the first evaluation
         self.build_seconds = 0.0
         self.evaluations = 0
+        self.seconds = 0.0           # wall time of run()
 
     def run(self) -> list:
         """Drive the stages until nothing is left to ask, build or evaluate; returns items never judged
@@ -189,6 +190,7 @@ class Pipeline:
         finally:
             ahead.close()
             self.build_seconds = ahead.build_seconds
+            self.seconds = time.monotonic() - started
         leftovers = asking + building + [item for item, _ in ready]
         return leftovers
 

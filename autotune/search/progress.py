@@ -2,7 +2,8 @@
 
 Line-based on purpose (no tqdm, no carriage returns): it reads the same in a terminal, a CI log and a file.
 Invalid and repeated configs are not given a line each (a mostly invalid space would drown the log); they
-are counted and shown on the next line that is printed.
+are counted and shown on the next line that is printed, whether they were stored (queued configs) or only
+told to the sampler (proposals.py).
 """
 from __future__ import annotations
 
@@ -33,6 +34,11 @@ class ProgressPrinter:
     def _new_best(self, number: int, key: str, value: float) -> None:
         self.best_value = value
         self.best_text = f"{value:.1f} TFLOPS #{number} {key}"
+
+    def skipped(self, invalid: int, repeated: int) -> None:
+        """Proposals settled without a stored trial (proposals.py): shown on the next line like stored ones."""
+        self.skipped_invalid += invalid
+        self.skipped_repeat += repeated
 
     def told(self, number: int, config, outcome, evaluated: int) -> None:
 
@@ -68,20 +74,43 @@ def _fmt(x, spec: str, missing: str = "-") -> str:
     return format(x, spec) if isinstance(x, (int, float)) else missing
 
 
+def time_lines(r) -> list[str]:
+    """Where the trial loop's time went: evaluating, the GPU waiting for builds, asking, telling, building (in
+    the background). A replay has no GPU: it says so instead of reporting idle time, unless its builds and
+    evaluations were paced (a simulated GPU host, landscapes/replay.py)."""
+    summed = " (summed over the workers)" if r.workers else ""
+    loop = f"{r.loop_seconds:.1f} s" if r.loop_seconds else f"{r.wall_seconds:.1f} s (whole search)"
+    asking = f"asking {r.ask_seconds:.1f} s, telling {r.tell_seconds:.1f} s"
+    if r.replay and not r.simulated:
+        return [f"  trial loop {loop}: {asking}; replayed, so no GPU was idle or busy: builds and evaluations "
+                f"were answered from the landscape at once"]
+    gpu = "simulated GPU" if r.simulated else "GPU"
+    share = f" ({r.idle_seconds / r.loop_seconds:.0%})" if r.loop_seconds and not r.workers else ""
+    first = f", first evaluation after {r.first_eval_after:.1f} s" if r.first_eval_after is not None else ""
+    lines = [f"  trial loop {loop}{summed}: evaluating {r.eval_seconds:.1f} s; {gpu} idle waiting for builds: "
+             f"{r.idle_seconds:.1f} s{share}, idle otherwise {r.idle_other_seconds:.1f} s{first}; {asking}; "
+             f"building {r.build_seconds:.1f} s (in the background)"]
+    if r.simulated:
+        lines.append(f"  simulated GPU host: {r.simulated}")
+    return lines
+
+
 def format_result(r) -> str:
     """The final report of a options.SearchResult."""
     lines = [f"study {r.study_name} on {r.gpu_name} ({r.arch.name}), shape {r.shape.key}",
-             f"  stopped: {r.stop_reason}; {r.evaluated} evaluated trials in the study, {r.asks} asks this run"]
+             f"  stopped: {r.stop_reason}; {r.evaluated} evaluated trials in the study"]
+    if r.proposals:
+        lines.append(f"  this run: {r.asks} trials stored from {r.proposals} proposals ({r.proposals_invalid} invalid "
+                     f"and {r.proposals_repeated} repeated ones told to the sampler only, never stored)")
+    else:
+        lines.append(f"  this run: {r.asks} trials stored")
     counts = ", ".join(f"{s} {r.counts.get(s, 0)}" for s in STATUS_ORDER)
     others = {k: v for k, v in r.counts.items() if k not in STATUS_ORDER}
     if others:
         counts += ", " + ", ".join(f"{k} {v}" for k, v in sorted(others.items()))
     lines.append(f"  trials by status: {counts}")
     lines.append(f"  pruned for register spills: {r.counts.get('spilled', 0)} (this run: {r.this_run.get('spilled', 0)})")
-    first = f", first evaluation after {r.first_eval_after:.1f} s" if r.first_eval_after is not None else ""
-    lines.append(f"  GPU idle waiting for builds: {r.idle_seconds:.1f} s of {r.wall_seconds:.1f} s "
-                 f"(idle otherwise: {r.idle_other_seconds:.1f} s{first}); building {r.build_seconds:.1f} s, "
-                 f"evaluating {r.eval_seconds:.1f} s" + (" (summed over the workers)" if r.workers else ""))
+    lines.extend(time_lines(r))
     for line in r.workers:
         lines.append(f"  {line}")
 
@@ -137,7 +166,14 @@ def format_result(r) -> str:
             else:
                 was = f", replacing {rec.previous.tflops:.1f} TFLOPS" if rec.previous else ""
                 lines.append(f"  stored: {rec.action} in autotune_best{was} at {r.storage}")
+    if r.replay:
+        if ":memory:" in r.storage or "%3Amemory%3A" in r.storage:  # storage_url.describe quotes it
+            kept = "the study lived in memory, nothing was stored"
+        else:
+            kept = (f"its trials (replayed values) were stored as study {r.study_name} at {r.storage}; no best config "
+                    "was stored")
+        lines.append(f"  replayed from {r.replay}: nothing was compiled or run; {kept}")
     return "\n".join(lines)
 
 
-__all__ = ["ProgressPrinter", "format_result"]
+__all__ = ["ProgressPrinter", "format_result", "time_lines"]

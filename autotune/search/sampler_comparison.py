@@ -15,6 +15,7 @@ reached `stop_fraction` of the optimum and run `min_trials` (the default budget,
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections import deque
@@ -24,11 +25,11 @@ from typing import Callable, Sequence
 from ..build.spill_policy import SpillPolicy
 from ..landscapes import landscape_file as landscape_mod
 from ..landscapes.landscape_file import Landscape
-from ..landscapes.replay import ReplayBuilder, ReplayEvaluator
+from ..landscapes.replay import ReplayBuilder, ReplayEvaluator, recorded_configs
 from . import study as studies
 from .loop import TrialLoop, enqueue_first
 from .options import DEFAULT_TRIALS, SearchOptions
-from .sampling import SearchSpace, make_sampler
+from .sampling import NoSampler, SearchSpace, make_sampler, shadow_sampler
 from .verdicts import DUPLICATE_OF
 
 THRESHOLDS = (0.95, 0.98, 0.99)
@@ -44,7 +45,7 @@ ASKS_PER_TRIAL = 10
 
 
 def _tpe(**kwargs) -> Callable:
-    def make(seed):
+    def make(seed, built):  # Optuna's start (finished trials), as the search's (sampling.START_COUNTS_BUILT)
         import optuna
 
         with warnings.catch_warnings():
@@ -53,14 +54,16 @@ def _tpe(**kwargs) -> Callable:
     return make
 
 
-def _search_default(name: str) -> Callable:
-    def make(seed):
-
-        return make_sampler(name, seed)
+def _search_default(name: str, count_built: bool | None = None) -> Callable:
+    """The search's sampler (sampling.shadow_sampler); count_built overrides which start it has."""
+    def make(seed, built):
+        if count_built is None:
+            return shadow_sampler(name, seed, built)
+        return make_sampler(name, seed, built if count_built else None)
     return make
 
 
-def _cmaes(seed):
+def _cmaes(seed, built):
     import optuna
 
     # Every parameter here is categorical: CMA-ES models only float/int parameters, so Optuna samples all of
@@ -74,12 +77,14 @@ def _cmaes(seed):
 class SamplerVariant:
     name: str
     description: str
-    make: Callable  # seed -> optuna sampler
+    make: Callable  # (seed, built) -> optuna sampler; built() counts the configs built so far
 
 
 VARIANTS = {v.name: v for v in (
-    SamplerVariant("tpe", "`autotune search`'s TPE: multivariate, group, constant_liar, 10 startup trials",
-                   _search_default("tpe")),
+    SamplerVariant("tpe", "`autotune search`'s TPE: multivariate, group, constant_liar, 10 startup trials "
+                          "(Optuna's start: finished trials, invalid proposals included)", _search_default("tpe")),
+    SamplerVariant("tpe-startup-built", "the search's TPE, random until 10 configs are built (sampling.BuiltStartup)",
+                   _search_default("tpe", count_built=True)),
     SamplerVariant("tpe-optuna", "Optuna 5's TPESampler defaults (multivariate, constant_liar, no group)", _tpe()),
     SamplerVariant("tpe-independent", "TPE, one density per parameter (multivariate=False)",
                    _tpe(multivariate=False, constant_liar=True)),
@@ -120,7 +125,9 @@ class Run:
     sampler: str
     seed: int
     values: list = field(default_factory=list)
-    asks: int = 0
+    asks: int = 0         # trials asked in the (in-memory) stored study
+    proposals: int = 0    # the sampler's proposals, invalid and repeated ones included
+    unjudged: int = 0     # asked (in flight, up to the lag) when the run stopped: never judged
     stop_reason: str = ""
 
     def best_after(self, n: int) -> float | None:
@@ -142,6 +149,9 @@ class _Recorder:
         self.run = run
         self.best = -math.inf
 
+    def skipped(self, invalid, repeated) -> None:
+        pass
+
     def told(self, number, config, outcome, evaluated) -> None:
 
         if outcome.status == "invalid" or DUPLICATE_OF in outcome.attrs:
@@ -162,8 +172,8 @@ def simulate(landscape: Landscape, sampler: str, seed: int, trials: int, lag: in
     run = Run(sampler, seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # experimental-feature and independent-sampling notes, once per run
-        study = optuna.create_study(direction="maximize", sampler=variant(sampler).make(seed))
-    search_space = SearchSpace(shape.problem, arch, landscape.families)
+        study = optuna.create_study(direction="maximize", sampler=NoSampler())
+    search_space = SearchSpace(shape.problem, arch, landscape.families, within=recorded_configs(landscape))
     memory = studies.StudyMemory()
     options = SearchOptions(shape=shape, trials=trials, families=landscape.families)
     if enqueue_default:
@@ -171,7 +181,8 @@ def simulate(landscape: Landscape, sampler: str, seed: int, trials: int, lag: in
     recorder = _Recorder(run)
     loop = TrialLoop(study, search_space, ReplayBuilder(landscape), ReplayEvaluator(landscape), shape,
                         SpillPolicy(), memory, recorder, trials,
-                        max_asks=asks_per_trial * trials + 200, deadline=None)
+                        max_asks=asks_per_trial * trials + 200, deadline=None,
+                        sampler=functools.partial(variant(sampler).make, seed))
     stop_at = stop_fraction * landscape.optimum if stop_fraction else math.inf
     queue: deque = deque()
     with warnings.catch_warnings():
@@ -190,8 +201,8 @@ def simulate(landscape: Landscape, sampler: str, seed: int, trials: int, lag: in
             _judge(loop, queue.popleft())
     if not run.stop_reason:
         run.stop_reason = ("sampler exhausted the space" if loop.exhausted else
-                           f"{trials} trials" if memory.evaluated >= trials else f"{loop.asks} asks")
-    run.asks = loop.asks
+                           f"{trials} trials" if memory.evaluated >= trials else f"{loop.proposals} proposals")
+    run.asks, run.proposals, run.unjudged = loop.asks, loop.proposals, len(queue)
     return run
 
 

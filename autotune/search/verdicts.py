@@ -27,6 +27,7 @@ from space import Config, Problem
 from ..build.spill_policy import SpillPolicy
 from ..launch.occupancy import blocks_per_sm
 from .sampling import set_constraint_supported
+from .storage_writes import finish_trial, write_trial_attrs
 
 STATUSES = ("complete", "invalid", "spilled", "compile_error", "wrong", "crashed", "timeout")
 USER_ATTRS = ("config_key", "status", "reason", "registers", "spill_stores", "spill_loads", "stack_bytes",
@@ -184,12 +185,15 @@ def tell(study, trial, outcome: Outcome) -> bool:
 def _tell(study, trial, outcome: Outcome) -> bool:
     from optuna.trial import TrialState
 
-    for key, value in outcome.attrs.items():
-        if value is not None:  # unknown figures are left out (readers use .get): each attr is one DB commit
-            trial.set_user_attr(key, value)
-    trial.set_user_attr(CONSTRAINT_ATTR, [outcome.constraint])
-    if set_constraint_supported():
-        trial.set_constraint(CONSTRAINT_NAME, outcome.constraint)
+    attrs = {key: value for key, value in outcome.attrs.items() if value is not None}  # unknown: left out (.get)
+    attrs[CONSTRAINT_ATTR] = [outcome.constraint]
+    # Where Trial.set_constraint puts it (optuna.study._constrained_optimization), written with the user attrs in
+    # one transaction (storage_writes.py), with the value and state too where the study never samples.
+    system = {f"constraints:{CONSTRAINT_NAME}": outcome.constraint} if set_constraint_supported() else {}
+    state = TrialState.COMPLETE if outcome.status == "complete" else TrialState.PRUNED
+    if finish_trial(study, trial._trial_id, state, outcome.value, attrs, system):
+        return False  # one transaction: attrs, value, state (a stored study that never samples)
+    write_trial_attrs(study, trial._trial_id, attrs, system)
     try:
         if outcome.status == "complete":
             study.tell(trial, outcome.value)
