@@ -3,8 +3,9 @@
     python3 kill_harness.py WHEN VICTIM LOG -- SEARCH_ARGS...
 
 WHEN:   "evaluating": when VICTIM's evaluation has started (the search's own start_eval is done);
-        "telling":    in the middle of VICTIM's tell, its verdict known (after its `status` attr was written,
-                      before `tflops` and the state);
+        "telling":    in VICTIM's tell, its verdict known and its measurement stored (deaths.store_measurement),
+                      before the tell's writes (attrs, value and state: one transaction, storage_writes.py, so
+                      a kill inside it leaves the same as a kill before it);
         "never":      no kill.
 VICTIM: a config key, or "first" (the first config evaluated).
 LOG:    each evaluation's config key is appended here, one per line, before any kill.
@@ -17,9 +18,8 @@ import os
 import signal
 import sys
 
-import optuna
-
 from autotune.cli import main
+from autotune.search import verdicts
 from autotune.search.loop import TrialLoop
 
 
@@ -29,8 +29,7 @@ def _die() -> None:
 
 def run(when: str, victim: str, log: str, search_args: list[str]) -> int:
     start_eval = TrialLoop.start_eval
-    set_user_attr = optuna.trial.Trial.set_user_attr
-    telling = set()  # trial ids whose tell is under way for the victim
+    tell_writes = verdicts._tell
 
     def is_victim(key: str) -> bool:
         return victim in ("first", key)
@@ -42,17 +41,13 @@ def run(when: str, victim: str, log: str, search_args: list[str]) -> int:
         if when == "evaluating" and is_victim(pending.config.key):
             _die()
 
-    def told(self, key, value):
-        set_user_attr(self, key, value)
-        if when != "telling":
-            return
-        if key == "config_key" and is_victim(value):
-            telling.add(self._trial_id)
-        elif key == "status" and self._trial_id in telling:
+    def telling(study, trial, outcome):
+        if when == "telling" and is_victim(outcome.attrs.get("config_key", "")):
             _die()
+        return tell_writes(study, trial, outcome)
 
     TrialLoop.start_eval = evaluating
-    optuna.trial.Trial.set_user_attr = told
+    verdicts._tell = telling
     return main(["search", *search_args])
 
 
