@@ -4,6 +4,7 @@ the summary and `autotune bench` rate ours against the fastest peer."""
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import sys
 import types
 
@@ -74,7 +75,14 @@ def test_summary_rates_the_winner_against_the_fastest_peer():
         number, outcome = 7, Outcome()
         config = types.SimpleNamespace(key="wgmma:x")
 
-    r = types.SimpleNamespace(
+    from autotune.search.options import SearchResult
+
+    # Every field of the real result at its default (so the stand-in follows the dataclass), then this case's values.
+    defaults = {f.name: f.default if f.default is not dataclasses.MISSING
+                else f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+                for f in dataclasses.fields(SearchResult)}
+    r = types.SimpleNamespace(**defaults)
+    r.__dict__.update(
         study_name="s", gpu_name="g", arch=space.get_arch("sm_90"), shape=SHAPE, stop_reason="done", evaluated=1,
         target=1, asks=1, this_run={}, counts={}, idle_seconds=0.0, idle_other_seconds=0.0, first_eval_after=None,
         build_seconds=0.0, eval_seconds=0.0, wall_seconds=1.0, workers=[], top=[], retimed=[], notes=[],
