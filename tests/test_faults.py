@@ -571,7 +571,8 @@ def test_replay_with_workers_from_two_launchers_on_one_study(postgres_url, tmp_p
     path = small_landscape().save(tmp_path / "small.json")
     recorded = landscape_file.load(path)
     args = [sys.executable, "-m", "autotune.cli", "search", "--replay", str(path), "--workers", "2", "--trials", "10",
-            "--storage", postgres_url, "--study", "r", "--sampler", "random", "--heartbeat", "1", "--grace", "30"]
+            "--storage", postgres_url, "--study", "r", "--sampler", "random", "--heartbeat", "1", "--grace", "30",
+            "--jobs", "1"]  # batches of max(2, jobs) = 2 on any host: the overshoot bound below
     launchers = [subprocess.Popen([*args, "--seed", str(seed)], env=_env(), stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True) for seed in (1, 2)]
     outs = [p.communicate(timeout=300)[0] for p in launchers]
@@ -581,7 +582,10 @@ def test_replay_with_workers_from_two_launchers_on_one_study(postgres_url, tmp_p
     study = load(postgres_url, "r")
     no_trial_lost(study, "\n".join(outs))
     judged = originals(study)
-    assert max(judged.values()) == 1 and 10 <= len(judged) <= 14, judged  # never twice; overshoot ≤ one per worker
+    # Never twice. The budget may be overshot by up to one batch per worker (4 workers × batches of 2): a worker
+    # counts other processes' running trials at its (throttled) refresh, so workers that start together, as
+    # replayed ones do with instant evaluations, can each ask a batch before seeing the others' (docs/distributed.md).
+    assert max(judged.values()) == 1 and 10 <= len(judged) <= 10 + 4 * 2, judged
     for t in study.trials:  # every result is the landscape's: no worker built or timed anything for real
         if t.state.name == "COMPLETE":
             assert t.value == recorded.rows[t.user_attrs["config_key"]].tflops
