@@ -211,15 +211,22 @@ def entry(shape, config, tflops):
                                spread_ms=0.0, study="elsewhere", trial=0)
 
 
+def shipped_table(path):
+    """A shipped table (export of a storage) holding WIN for S1 and RUNNER_UP for S2, at `path`."""
+    from autotune.store.best_table import BestStore
+
+    with BestStore(f"sqlite:///{path.with_suffix('.db')}") as store:
+        store.record_best(entry(S1, WIN, 300.0))
+        store.record_best(entry(S2, RUNNER_UP, 300.0))
+        store.export_json(path)
+    return path
+
+
 def test_shipped_rows_warm_start_a_fresh_storage_and_the_storage_wins(tmp_path):
     from autotune.search.warm_start import WarmStore, neighbour_configs
     from autotune.store.best_table import BestStore
 
-    shipped = tmp_path / "shipped.json"
-    with BestStore(f"sqlite:///{tmp_path / 'old.db'}") as old:
-        old.record_best(entry(S1, WIN, 300.0))
-        old.record_best(entry(S2, RUNNER_UP, 300.0))
-        old.export_json(shipped)
+    shipped = shipped_table(tmp_path / "shipped.json")
     url = f"sqlite:///{tmp_path / 'new.db'}"
     store = WarmStore.open(url, [shipped])
     try:
@@ -240,11 +247,7 @@ def test_shipped_rows_warm_start_a_fresh_storage_and_the_storage_wins(tmp_path):
 def test_export_merge_keeps_the_rows_of_shapes_the_campaign_did_not_tune(tmp_path, capsys):
     from autotune.store.best_table import BestStore, read_export
 
-    table = tmp_path / "gpu.json"
-    with BestStore(f"sqlite:///{tmp_path / 'shipped.db'}") as shipped:
-        shipped.record_best(entry(S1, WIN, 300.0))
-        shipped.record_best(entry(S2, RUNNER_UP, 300.0))
-        shipped.export_json(table)
+    table = shipped_table(tmp_path / "gpu.json")
     campaign_db = f"sqlite:///{tmp_path / 'campaign.db'}"
     with BestStore(campaign_db) as retuned:
         retuned.record_best(entry(S1, DEFAULT, 250.0))  # retuned today: slower figure, still the newer row
