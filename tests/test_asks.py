@@ -85,6 +85,26 @@ def test_queued_configs_are_still_judged_in_the_stored_study(landscape, tmp_path
     assert by_key[valid.key].state == TrialState.COMPLETE and result.evaluated == 3
 
 
+def test_a_new_config_is_asked_only_after_a_fresh_count_of_the_other_processes(landscape, tmp_path, monkeypatch):
+    # The view of the other processes is refreshed at most every 0.5 s while polling; a stand-in whose throttled
+    # view stays stale while a fresh (forced) count finds 3 configs started elsewhere since. The budget of 6 is the
+    # study's: only 3 may be asked here. Without the fresh count before each new config, all 6 would be.
+    from autotune.search import coordination
+
+    class OthersStartedSinceTheLastLook(coordination.Solo):
+        forced = 0
+
+        def refresh(self, force=False):
+            if force:
+                type(self).forced += 1
+                self.running_elsewhere = 3
+
+    monkeypatch.setattr(coordination, "for_storage", lambda rdb, url, log=print: OthersStartedSinceTheLastLook(rdb, log))
+    result = _search(landscape, tmp_path, trials=6)
+    assert result.asks == result.evaluated == 3
+    assert OthersStartedSinceTheLastLook.forced >= result.asks
+
+
 # -- one transaction per tell -----------------------------------------------------------------------------------
 
 class WriteTransactions:

@@ -435,8 +435,11 @@ class TrialLoop:
         if len(self.memory.seen) != self._mirrored_seen:  # other processes told trials: the sampler learns them
             self._mirrored_seen = len(self.memory.seen)
             self.proposer.mirror(self.study.get_trials(deepcopy=False))
-        wanted = self.target - self.memory.evaluated - self.peers.running_elsewhere - len(self.in_flight)
-        return wanted > 0 and self.proposer.can_propose() and self.time_left()
+        return self._wanted() > 0 and self.proposer.can_propose() and self.time_left()
+
+    def _wanted(self) -> int:
+        """How many more configs the budget (--trials, the study's) allows, by this process's view of the others."""
+        return self.target - self.memory.evaluated - self.peers.running_elsewhere - len(self.in_flight)
 
     @property
     def exhausted(self) -> bool:
@@ -462,6 +465,12 @@ class TrialLoop:
                     t, config = queued
                     shadow = self.proposer.follow(t.params)
                 else:
+                    # A new config adds to the study's budget; can_ask counted the other processes' trials at its
+                    # throttled refresh, which may predate the last of them starting: count again, fresh, so the
+                    # budget is overshot only by processes asking at the very same moment (docs/distributed.md).
+                    self.peers.refresh(force=True)
+                    if self._wanted() <= 0:
+                        return None
                     proposal = self.proposer.propose(self.memory.by_config, self.in_flight)
                     if proposal is None:
                         return None
