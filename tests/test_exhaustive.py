@@ -8,9 +8,9 @@ import optuna
 import pytest
 
 import space
-from autotune.search import exhaustive
+from autotune.search import exhaustive, verdicts
 from autotune.search.loop import SearchOptions, plan_sweep, run_search
-from autotune.search.sampling import SearchSpace
+from autotune.search.sampling import NoSampler, SearchSpace
 from landscape_fixtures import ARCH, SMALL_SHAPE, small_landscape
 
 PROBLEM = SMALL_SHAPE.problem  # head_dim 256: 120 valid wgmma configs on sm_90
@@ -59,11 +59,11 @@ def test_queueing_leaves_out_judged_and_already_waiting_configs():
 
 def test_plan_sweep_sets_the_budget_to_the_valid_configs_and_idles_the_sampler():
     session = SimpleNamespace(arch=ARCH, search_space=SearchSpace(PROBLEM, ARCH, WGMMA), sweep=(),
-                              study=SimpleNamespace(sampler=None))
+                              study=SimpleNamespace(sampler=NoSampler()))
     said: list[str] = []
     options = plan_sweep(session, SearchOptions(shape=SMALL_SHAPE, trials=150, sampler="tpe"), said.append)
     assert (options.trials, options.sampler) == (N_VALID, "random")  # nothing else to try; every value is queued
-    assert type(session.study.sampler).__name__ == "RandomSampler"
+    assert isinstance(session.study.sampler, NoSampler)  # the stored study's tells stay one transaction each
     assert len(session.sweep) == N_VALID and session.sweep[0] == space.default_config(PROBLEM, ARCH, "wgmma")
     assert said == ["sweeping all 120 valid configs of wgmma: no more than the budget of 150 trials"]
     session.sweep = ()
@@ -71,12 +71,24 @@ def test_plan_sweep_sets_the_budget_to_the_valid_configs_and_idles_the_sampler()
     assert plan_sweep(session, unchanged, said.append) is unchanged and session.sweep == ()
 
 
-def test_a_small_space_is_swept_whole_with_one_ask_per_config(tmp_path):
+def test_a_small_space_is_swept_whole_with_one_ask_per_config(tmp_path, monkeypatch):
     path = tmp_path / "small.json"
     landscape = small_landscape(path)
     lines: list[str] = []
+    one_transaction: dict = {}  # per study, per tell: written in one transaction (storage_writes.finish_trial)?
+    finish = verdicts.finish_trial
+
+    def finish_and_count(study, *args, **kw):
+        done = finish(study, *args, **kw)
+        one_transaction.setdefault(study.study_name, []).append(done)
+        return done
+    monkeypatch.setattr(verdicts, "finish_trial", finish_and_count)
     result = run_search(SearchOptions(shape=SMALL_SHAPE, trials=150, sampler="tpe", seed=0, replay=path,
-                                      retime_top=2, retime_rounds=1), log=lines.append)
+                                      retime_top=2, retime_rounds=1, storage=f"sqlite:///{tmp_path / 's.db'}"),
+                        log=lines.append)
+    # a sweep's tells are one transaction each, like the sampler's (the stored study keeps its NoSampler)
+    stored = one_transaction[result.study_name]
+    assert len(stored) >= N_VALID and all(stored)
     assert "sweeping all 120 valid configs of wgmma: no more than the budget of 150 trials" in lines
     assert any(line.startswith("sweep: queued ") for line in lines)
     assert result.target == N_VALID and result.evaluated == N_VALID

@@ -246,7 +246,8 @@ def open_session(options: SearchOptions, url: str, *, builder=None, evaluator=No
 
 def plan_sweep(session: Session, options: SearchOptions, log) -> SearchOptions:
     """When the searched families have no more valid configs than --trials, sweep them all (exhaustive.py): the
-    budget becomes their number, the sampler a random one (every value is queued), and queue_first queues them."""
+    budget becomes their number, the proposals' sampler a random one (every value is queued), and queue_first
+    queues them."""
     if not options.sweep:
         return options
     decision = exhaustive.decide(options.shape.problem, session.arch, session.search_space.families, options.trials)
@@ -254,7 +255,8 @@ def plan_sweep(session: Session, options: SearchOptions, log) -> SearchOptions:
     if not decision.sweep:
         return options
     session.sweep = tuple(exhaustive.sweep_order(decision.configs, options.shape.problem, session.arch))
-    session.study.sampler = make_sampler("random", options.seed)
+    # The stored study keeps its NoSampler: queued configs carry every param, and its tells stay one transaction
+    # each (storage_writes); the shadow study's sampler is the one made "random" here, with nothing left to learn.
     return dataclasses.replace(options, trials=len(decision.configs), sampler="random")
 
 
