@@ -131,6 +131,8 @@ def test_campaign_files_toml_json_yaml_and_their_errors(tmp_path):
     for name in ("c.json", "c.yaml", "c.toml"):
         assert campaign.load(tmp_path / name) == expected, name
     assert campaign.parse([{"seqlen": 128}]) == [campaign.Entry(Shape(seqlen_q=128))]  # a bare list of shapes
+    (finale,) = campaign.plan(campaign.parse([{"retime": 3, "retime_rounds": 2}]), SearchOptions(shape=SHAPE))
+    assert (finale.retime_top, finale.retime_rounds) == (3, 2)  # --retime and --retime-rounds
 
     base = SearchOptions(shape=SHAPE, trials=99, sampler="random")
     plans = campaign.plan(expected, base)
