@@ -523,6 +523,28 @@ def test_pipeline_lookahead_stays_bounded_when_builds_are_instant():
     assert stages.max_in_flight <= 1 + 4 * 2, stages.max_in_flight
 
 
+def test_pipeline_records_its_batches_and_what_was_in_flight_at_each_ask():
+    # what the summary's "ahead of the GPU" line reports, and benchmarks/ahead_replay.py compares across --ahead
+    from autotune.search.pipeline import Pipeline
+    from autotune.search.progress import ahead_line
+
+    class Counting(FakeStages):
+        in_flight: list = []
+
+        def ask(self):
+            # asked and not judged yet: the asks that became items, less those finished
+            self.in_flight.append(len([i for i in range(1, self.asked + 1) if i % 4]) - len(self.finished))
+            return super().ask()
+
+    stages = Counting(40, build_s=0.05, eval_s=0.02)
+    pipeline = Pipeline(stages, batch_size=4)
+    assert pipeline.run() == []
+    assert sum(pipeline.batch_sizes) == len([i for i in range(1, 41) if i % 4]) and max(pipeline.batch_sizes) == 4
+    assert pipeline.in_flight_at_ask == stages.in_flight and max(stages.in_flight) > 4
+    assert ahead_line([1, 16, 2, 2, 2], [0, 1, 17, 3, 3, 2]) == (
+        "ahead of the GPU: 5 batches of 1-16 configs (median 2); configs in flight at an ask: median 2.5, max 17")
+
+
 def test_pipeline_stop_lets_the_running_evaluation_finish_and_returns_the_rest():
     from autotune.search.pipeline import Pipeline
 

@@ -125,7 +125,8 @@ def add_parser(subparsers) -> None:
     e = p.add_argument_group("build and evaluation")
     e.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
     e.add_argument("--ahead", type=int, default=None, metavar="K",
-                   help="configs asked and built per batch, ahead of the GPU (default: --jobs)")
+                   help="configs asked and built per batch, ahead of the GPU (default: --jobs, at least 2; "
+                        "docs/search.md measures the choice)")
     e.add_argument("--eval-timeout", type=float, default=DEFAULT_EVAL_TIMEOUT, metavar="SECONDS",
                    help=f"a trial whose evaluation takes longer is killed and recorded as timeout "
                         f"(default {DEFAULT_EVAL_TIMEOUT:g})")

@@ -336,7 +336,8 @@ def run_trials(session: Session, options: SearchOptions, log: Callable[[str], No
             first_eval_after=pipeline.first_eval_after, build_seconds=pipeline.build_seconds,
             eval_seconds=loop.eval_seconds, ask_seconds=loop.ask_seconds, tell_seconds=loop.tell_seconds,
             loop_seconds=pipeline.seconds, proposals=loop.proposals, proposals_invalid=loop.proposer.invalid,
-            proposals_repeated=loop.proposer.repeated, interrupted=interrupted,
+            proposals_repeated=loop.proposer.repeated, interrupted=interrupted, batch_sizes=pipeline.batch_sizes,
+            in_flight_at_ask=pipeline.in_flight_at_ask,
         )
 
         if interrupted:

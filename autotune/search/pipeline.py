@@ -98,6 +98,8 @@ class Pipeline:
             raise ValueError(f"batch_size: expected a count ≥ 1, got {batch_size}")
         self.stages = stages
         self.batch_size = batch_size
+        self.batch_sizes: list[int] = []       # configs in each batch handed to the builder
+        self.in_flight_at_ask: list[int] = []  # configs asked and not yet judged, at each ask (the sampler's lag)
         self.idle_for_builds = 0.0   # GPU idle while the compiler had the next work
         self.idle_other = 0.0        # GPU idle for any other reason (asking, telling, start-up)
         self.first_eval_after = None  # seconds from start to the first evaluation
@@ -109,7 +111,7 @@ class Pipeline:
         """Drive the stages until nothing is left to ask, build or evaluate; returns items never judged
         (when should_stop() cut the run short) for the caller to abandon."""
         st = self.stages
-        ahead = BuildAhead(st.build)
+        builds = BuildAhead(st.build)
         asking: list = []           # asked, not yet handed to the builder
         building: list = []         # in the builder
         ready: deque = deque()      # (item, built) waiting for the GPU
@@ -117,6 +119,15 @@ class Pipeline:
         stopping = False
         started = last = time.monotonic()
         idle_cause = None           # why the GPU was idle during the previous step (None: it was busy)
+
+        def collect() -> None:
+            ready.extend(zip(building, builds.collect()))
+            building.clear()
+
+        def finish(result) -> None:
+            nonlocal evaluating
+            st.finish_eval(*evaluating, result)
+            evaluating = None
 
         try:
             while True:
@@ -127,31 +138,29 @@ class Pipeline:
                     self.idle_other += now - last
                 last = now
 
-                if building and ahead.done():
-                    ready.extend(zip(building, ahead.collect()))
-                    building = []
+                if building and builds.done():
+                    collect()
                 if evaluating is not None:
                     result = st.poll_eval(0 if stopping else POLL_SECONDS)
                     if result is not None:
-                        st.finish_eval(*evaluating, result)
-                        evaluating = None
+                        finish(result)
                 if not stopping and st.should_stop():
                     stopping = True
                 if stopping:
                     if evaluating is None:
                         break
-                    result = st.poll_eval(None)  # let the running evaluation finish (bounded by its timeout)
-                    st.finish_eval(*evaluating, result)
-                    evaluating = None
+                    finish(st.poll_eval(None))  # let the running evaluation finish (bounded by its timeout)
                     break
 
                 # Ask only while the GPU has less than a batch built and waiting: with fast (cached) builds an
                 # unbounded lookahead would take the whole budget in flight at once, leaving nothing for other
                 # workers on the study and nothing for the sampler to learn from until it is all timed.
-                more_asks = len(ready) < self.batch_size and st.can_ask()
+                batch = self.batch_size
+                more_asks = len(ready) < batch and st.can_ask()
                 gpu_starving = evaluating is None and not ready
-                if not building and asking and (len(asking) >= self.batch_size or not more_asks or gpu_starving):
-                    ahead.submit(asking)
+                if not building and asking and (len(asking) >= batch or not more_asks or gpu_starving):
+                    builds.submit(asking)
+                    self.batch_sizes.append(len(asking))
                     building, asking = asking, []
                 while evaluating is None and ready:
                     item, built = ready.popleft()
@@ -167,7 +176,8 @@ class Pipeline:
                 else:
                     idle_cause = None
 
-                if more_asks and len(asking) < self.batch_size:
+                if more_asks and len(asking) < batch:
+                    self.in_flight_at_ask.append(len(asking) + len(building) + len(ready) + (evaluating is not None))
                     item = st.ask()
                     if item is not None:
                         asking.append(item)
@@ -175,12 +185,10 @@ class Pipeline:
                 if evaluating is not None:
                     result = st.poll_eval(None if not building else 0.05)
                     if result is not None:
-                        st.finish_eval(*evaluating, result)
-                        evaluating = None
+                        finish(result)
                     continue
                 if building:
-                    ready.extend(zip(building, ahead.collect()))  # nothing else to do: wait for the compiler
-                    building = []
+                    collect()  # nothing else to do: wait for the compiler
                     continue
                 if not asking and not ready:
                     wait = getattr(st, "wait_for_others", None)
@@ -188,8 +196,8 @@ class Pipeline:
                         continue
                     break  # nothing asked, built, or running, and nothing more to ask
         finally:
-            ahead.close()
-            self.build_seconds = ahead.build_seconds
+            builds.close()
+            self.build_seconds = builds.build_seconds
             self.seconds = time.monotonic() - started
         leftovers = asking + building + [item for item, _ in ready]
         return leftovers

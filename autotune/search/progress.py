@@ -7,6 +7,7 @@ told to the sampler (proposals.py).
 """
 from __future__ import annotations
 
+import statistics
 from typing import Callable
 
 from .verdicts import DUPLICATE_OF, SAME_CUBIN_AS
@@ -90,9 +91,20 @@ def time_lines(r) -> list[str]:
     lines = [f"  trial loop {loop}{summed}: evaluating {r.eval_seconds:.1f} s; {gpu} idle waiting for builds: "
              f"{r.idle_seconds:.1f} s{share}, idle otherwise {r.idle_other_seconds:.1f} s{first}; {asking}; "
              f"building {r.build_seconds:.1f} s (in the background)"]
+    if r.batch_sizes and r.in_flight_at_ask:
+        lines.append("  " + ahead_line(r.batch_sizes, r.in_flight_at_ask))
     if r.simulated:
         lines.append(f"  simulated GPU host: {r.simulated}")
     return lines
+
+
+def ahead_line(batch_sizes: list[int], in_flight_at_ask: list[int]) -> str:
+    """How far ahead of the GPU the search ran: the batches' sizes and what the sampler did not know yet."""
+    sizes = sorted(batch_sizes)
+    lag = sorted(in_flight_at_ask)
+    return (f"ahead of the GPU: {len(sizes)} batches of {sizes[0]}-{sizes[-1]} configs (median "
+            f"{statistics.median(sizes):g}); configs in flight at an ask: median {statistics.median(lag):g}, "
+            f"max {lag[-1]}")
 
 
 def format_result(r) -> str:
