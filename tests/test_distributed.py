@@ -358,3 +358,43 @@ def test_a_missing_server_skips_locally_and_fails_under_ci(monkeypatch):
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="cannot run under CI"):
         pg._unavailable("initdb/pg_ctl not found (apt-get install postgresql)")
+
+
+def test_hosts_opening_the_best_table_at_the_same_moment_all_get_it(pg_server):
+    # Two hosts finishing a shared study together both store their best: on a database without our tables yet,
+    # both create them at once. PostgreSQL's CREATE TABLE IF NOT EXISTS is not safe against that (one fails on
+    # pg_type's unique index), nor is inserting the schema row: CI saw the second host exit 2 that way. Eight
+    # openers released by one barrier, on several fresh databases: every one must get a working table.
+    from autotune.store import best_table
+
+    create_all = best_table._Base.metadata.create_all
+    for round_ in range(4):
+        url = pg_server.create_database()
+        gate = threading.Barrier(8)
+        errors: list = []
+
+        def open_store():
+            try:
+                with best_table.BestStore(url) as store:
+                    assert store.schema_version == best_table.SCHEMA_VERSION
+            except Exception as e:  # noqa: BLE001 (reported below, with its round)
+                errors.append(f"{type(e).__name__}: {e}")
+
+        first_call = threading.local()
+
+        def together(*args, **kw):  # every opener reaches the DDL, then all run it at once (the first time)
+            if not getattr(first_call, "done", False):
+                first_call.done = True
+                gate.wait(timeout=60)
+            return create_all(*args, **kw)
+
+        best_table._Base.metadata.create_all = together
+        try:
+            threads = [threading.Thread(target=open_store) for _ in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=120)
+        finally:
+            best_table._Base.metadata.create_all = create_all
+        assert not errors, f"round {round_}: {errors}"

@@ -31,7 +31,7 @@ from typing import Any
 
 from sqlalchemy import (JSON, Boolean, DateTime, Float, Integer, MetaData, String, UniqueConstraint, create_engine, inspect,
                         select)
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import space
@@ -44,6 +44,7 @@ REPLACED_TABLE = "autotune_best_replaced"
 META_TABLE = "autotune_meta"
 SCHEMA_KEY = f"{TABLE}.schema_version"
 EXPORT_FORMAT = "autotune-best"
+CREATE_ATTEMPTS = 5  # processes creating our tables at once: all but one CREATE fail, and look again
 
 KEY_FIELDS = ("gpu_name", "arch", "dtype", "head_dim", "causal", "seqlen", "seqlen_k", "batch", "heads", "kv_heads")
 VALUE_FIELDS = ("family", "config_key", "config", "tflops", "time_ms", "spread_ms", "study", "trial",
@@ -300,7 +301,7 @@ class BestStore:
             if read_only:
                 self._has_table = inspect(self.engine).has_table(TABLE)
             else:
-                _Base.metadata.create_all(self.engine)  # checkfirst: creates only our missing tables
+                self._create_tables()
                 self._has_table = True
             self._check_schema()
         except SQLAlchemyError as e:  # passed prepare's checks, failed on use: still one line, still untouched
@@ -318,6 +319,18 @@ class BestStore:
 
     # -- schema ---------------------------------------------------------------------------------------------
 
+    def _create_tables(self) -> None:
+        """Our tables, created where missing (checkfirst). Several processes can get here at the same moment: the
+        hosts of a shared study that finish together all store their best. PostgreSQL then fails all but one
+        CREATE (pg_type's unique index, or "already exists"); the others look again and find the tables."""
+        for attempt in range(CREATE_ATTEMPTS):
+            try:
+                _Base.metadata.create_all(self.engine)
+                return
+            except (IntegrityError, ProgrammingError, OperationalError):
+                if attempt == CREATE_ATTEMPTS - 1:
+                    raise
+
     def _check_schema(self) -> None:
         if self.read_only:
             if not inspect(self.engine).has_table(META_TABLE):
@@ -328,16 +341,25 @@ class BestStore:
                     return
                 found = int(row.value)
         else:
-            with Session(self.engine) as s, s.begin():
-                row = s.get(_MetaRow, SCHEMA_KEY)
-                if row is None:
-                    s.add(_MetaRow(key=SCHEMA_KEY, value=str(SCHEMA_VERSION)))
-                    return
-                found = int(row.value)
+            try:
+                found = self._write_schema_version()
+            except IntegrityError:  # another process inserted it between our read and our insert: read theirs
+                found = self._write_schema_version()
+            if found is None:
+                return
         if found > SCHEMA_VERSION:
             raise StoreError(f"{storage_url.describe(self.url)}: table {TABLE} has schema version {found}, newer "
                              f"than this autotune's {SCHEMA_VERSION}; upgrade autotune")
         # found < SCHEMA_VERSION cannot happen yet; a later version migrates here (an alembic revision of ours).
+
+    def _write_schema_version(self) -> int | None:
+        """The stored schema version, or None after writing ours into a table that had none."""
+        with Session(self.engine) as s, s.begin():
+            row = s.get(_MetaRow, SCHEMA_KEY)
+            if row is None:
+                s.add(_MetaRow(key=SCHEMA_KEY, value=str(SCHEMA_VERSION)))
+                return None
+            return int(row.value)
 
     @property
     def schema_version(self) -> int:
