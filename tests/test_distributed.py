@@ -398,3 +398,42 @@ def test_hosts_opening_the_best_table_at_the_same_moment_all_get_it(pg_server):
         finally:
             best_table._Base.metadata.create_all = create_all
         assert not errors, f"round {round_}: {errors}"
+
+
+def test_hosts_starting_on_a_fresh_database_at_the_same_moment_all_open_it(pg_server):
+    # Launchers on several hosts started together on an empty database create Optuna's tables at once; like ours
+    # above, all but one CREATE fail (pg_type's unique index, or "already exists"). Every one must still open it.
+    from optuna.storages._rdb import models
+
+    from autotune.search import coordination
+
+    create_all = models.BaseModel.metadata.create_all
+    for round_ in range(3):
+        url = pg_server.create_database()
+        gate = threading.Barrier(6)
+        first_call = threading.local()
+        errors: list = []
+
+        def together(*args, **kw):
+            if not getattr(first_call, "done", False):
+                first_call.done = True
+                gate.wait(timeout=60)
+            return create_all(*args, **kw)
+
+        def open_storage():
+            try:
+                storage = coordination.make_storage(url)
+                assert storage.get_all_studies() == []
+            except Exception as e:  # noqa: BLE001 (reported below, with its round)
+                errors.append(f"{type(e).__name__}: {str(e).splitlines()[0]}")
+
+        models.BaseModel.metadata.create_all = together
+        try:
+            threads = [threading.Thread(target=open_storage) for _ in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=120)
+        finally:
+            models.BaseModel.metadata.create_all = create_all
+        assert not errors, f"round {round_}: {errors}"
