@@ -360,6 +360,38 @@ def test_a_missing_server_skips_locally_and_fails_under_ci(monkeypatch):
         pg._unavailable("initdb/pg_ctl not found (apt-get install postgresql)")
 
 
+def openers_released_together(metadata, open_one, openers: int) -> list[str]:
+    """Run `open_one()` in `openers` threads that all reach `metadata.create_all` (their first call) and are
+    released into it at once by a barrier, as processes on several hosts can be; returns the errors raised."""
+    create_all = metadata.create_all
+    gate = threading.Barrier(openers)
+    first_call = threading.local()
+    errors: list[str] = []
+
+    def together(*args, **kw):
+        if not getattr(first_call, "done", False):
+            first_call.done = True
+            gate.wait(timeout=60)
+        return create_all(*args, **kw)
+
+    def run():
+        try:
+            open_one()
+        except Exception as e:  # noqa: BLE001 (returned to the test, which reports them)
+            errors.append(f"{type(e).__name__}: {str(e).splitlines()[0]}")
+
+    metadata.create_all = together
+    try:
+        threads = [threading.Thread(target=run) for _ in range(openers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        metadata.create_all = create_all
+    return errors
+
+
 def test_hosts_opening_the_best_table_at_the_same_moment_all_get_it(pg_server):
     # Two hosts finishing a shared study together both store their best: on a database without our tables yet,
     # both create them at once. PostgreSQL's CREATE TABLE IF NOT EXISTS is not safe against that (one fails on
@@ -367,36 +399,13 @@ def test_hosts_opening_the_best_table_at_the_same_moment_all_get_it(pg_server):
     # openers released by one barrier, on several fresh databases: every one must get a working table.
     from autotune.store import best_table
 
-    create_all = best_table._Base.metadata.create_all
     for round_ in range(4):
         url = pg_server.create_database()
-        gate = threading.Barrier(8)
-        errors: list = []
 
         def open_store():
-            try:
-                with best_table.BestStore(url) as store:
-                    assert store.schema_version == best_table.SCHEMA_VERSION
-            except Exception as e:  # noqa: BLE001 (reported below, with its round)
-                errors.append(f"{type(e).__name__}: {e}")
-
-        first_call = threading.local()
-
-        def together(*args, **kw):  # every opener reaches the DDL, then all run it at once (the first time)
-            if not getattr(first_call, "done", False):
-                first_call.done = True
-                gate.wait(timeout=60)
-            return create_all(*args, **kw)
-
-        best_table._Base.metadata.create_all = together
-        try:
-            threads = [threading.Thread(target=open_store) for _ in range(8)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(timeout=120)
-        finally:
-            best_table._Base.metadata.create_all = create_all
+            with best_table.BestStore(url) as store:
+                assert store.schema_version == best_table.SCHEMA_VERSION
+        errors = openers_released_together(best_table._Base.metadata, open_store, 8)
         assert not errors, f"round {round_}: {errors}"
 
 
@@ -407,33 +416,10 @@ def test_hosts_starting_on_a_fresh_database_at_the_same_moment_all_open_it(pg_se
 
     from autotune.search import coordination
 
-    create_all = models.BaseModel.metadata.create_all
     for round_ in range(3):
         url = pg_server.create_database()
-        gate = threading.Barrier(6)
-        first_call = threading.local()
-        errors: list = []
-
-        def together(*args, **kw):
-            if not getattr(first_call, "done", False):
-                first_call.done = True
-                gate.wait(timeout=60)
-            return create_all(*args, **kw)
 
         def open_storage():
-            try:
-                storage = coordination.make_storage(url)
-                assert storage.get_all_studies() == []
-            except Exception as e:  # noqa: BLE001 (reported below, with its round)
-                errors.append(f"{type(e).__name__}: {str(e).splitlines()[0]}")
-
-        models.BaseModel.metadata.create_all = together
-        try:
-            threads = [threading.Thread(target=open_storage) for _ in range(6)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(timeout=120)
-        finally:
-            models.BaseModel.metadata.create_all = create_all
+            assert coordination.make_storage(url).get_all_studies() == []
+        errors = openers_released_together(models.BaseModel.metadata, open_storage, 6)
         assert not errors, f"round {round_}: {errors}"
