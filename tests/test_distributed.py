@@ -423,3 +423,54 @@ def test_hosts_starting_on_a_fresh_database_at_the_same_moment_all_open_it(pg_se
             assert coordination.make_storage(url).get_all_studies() == []
         errors = openers_released_together(models.BaseModel.metadata, open_storage, 6)
         assert not errors, f"round {round_}: {errors}"
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
+def test_two_processes_recording_the_same_shape_at_once_lose_no_row(kind, request, tmp_path):
+    # Hosts A and B finish together and both record a best for the same shape over a stored 500: A has 520, B 510.
+    # Both read the old row before either writes. Unless the read locks the row, both replace it, the later commit
+    # wins and the other's row is gone from both tables (500 is moved aside twice). Either order is fine with the
+    # lock: B waits for A's commit and keeps 520, or A replaces B's 510 and moves it aside. On SQLite, two search
+    # processes of different families on one file can do the same.
+    from autotune.store import best_table
+    from test_best_table import entry
+
+    url = request.getfixturevalue("postgres_url") if kind == "postgresql" else f"sqlite:///{tmp_path / 'b.db'}"
+    with best_table.BestStore(url) as store:
+        store.record_best(entry(500.0))
+    read_old_row = threading.Barrier(2, timeout=5)  # with the lock the second reader never gets here: A goes on
+    from_row = best_table.BestEntry._from_row
+    in_record = threading.local()
+
+    def after_the_read(row):
+        if getattr(in_record, "first", True):
+            in_record.first = False
+            try:
+                read_old_row.wait()
+            except threading.BrokenBarrierError:
+                pass
+        return from_row(row)
+
+    errors: list = []
+
+    def record(tflops):
+        try:
+            with best_table.BestStore(url) as store:
+                store.record_best(entry(tflops))
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    best_table.BestEntry._from_row = staticmethod(after_the_read)
+    try:
+        threads = [threading.Thread(target=record, args=(t,)) for t in (520.0, 510.0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        best_table.BestEntry._from_row = from_row
+    assert not errors
+    with best_table.BestStore(url) as store:
+        (row,) = store.all_rows()
+        moved_aside = sorted(r["tflops"] for r in store.replaced_rows())
+    assert row.tflops == 520.0 and moved_aside in ([500.0], [500.0, 510.0]), (row.tflops, moved_aside)

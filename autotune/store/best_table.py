@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (JSON, Boolean, DateTime, Float, Integer, MetaData, String, UniqueConstraint, create_engine, inspect,
-                        select)
+                        select, update)
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -385,7 +385,14 @@ class BestStore:
 
     def _record(self, entry: BestEntry, source: str) -> RecordResult:
         with Session(self.engine) as s, s.begin():
-            row = s.scalars(select(_BestRow).filter_by(**dict(zip(KEY_FIELDS, entry.key)))).one_or_none()
+            # Lock before reading, so that a second process recording this shape waits for our commit and compares
+            # against our row, rather than replacing the row we replaced and losing ours (test_distributed: two
+            # processes recording at once). PostgreSQL: FOR UPDATE. SQLite ignores FOR UPDATE, and pysqlite opens
+            # the transaction only at the first write, so a no-op write to our schema row takes its write lock.
+            if self.engine.dialect.name == "sqlite":
+                s.execute(update(_MetaRow).where(_MetaRow.key == SCHEMA_KEY).values(value=_MetaRow.value))
+            row = s.scalars(select(_BestRow).filter_by(**dict(zip(KEY_FIELDS, entry.key))).with_for_update()
+                            ).one_or_none()
             if row is None:
                 s.add(_BestRow(**entry._columns()))
                 return RecordResult("inserted", entry, None)
