@@ -106,7 +106,7 @@ class SearchResult:
     proposals: int = 0                      # the sampler's proposals this run (proposals.py), queued configs included
     proposals_invalid: int = 0              # of them, invalid configs told to the sampler only
     proposals_repeated: int = 0             # of them, configs judged or in flight already, told to the sampler only
-    batch_sizes: list[int] = field(default_factory=list)  # configs per batch handed to the builder (ahead.py)
+    batch_sizes: list[int] = field(default_factory=list)  # configs per batch handed to the builder (pipeline.py)
     in_flight_at_ask: list[int] = field(default_factory=list)  # configs asked and not yet judged, at each ask
     wall_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)

@@ -155,10 +155,9 @@ class Pipeline:
                 # Ask only while the GPU has less than a batch built and waiting: with fast (cached) builds an
                 # unbounded lookahead would take the whole budget in flight at once, leaving nothing for other
                 # workers on the study and nothing for the sampler to learn from until it is all timed.
-                batch = self.batch_size
-                more_asks = len(ready) < batch and st.can_ask()
+                more_asks = len(ready) < self.batch_size and st.can_ask()
                 gpu_starving = evaluating is None and not ready
-                if not building and asking and (len(asking) >= batch or not more_asks or gpu_starving):
+                if not building and asking and (len(asking) >= self.batch_size or not more_asks or gpu_starving):
                     builds.submit(asking)
                     self.batch_sizes.append(len(asking))
                     building, asking = asking, []
@@ -176,7 +175,7 @@ class Pipeline:
                 else:
                     idle_cause = None
 
-                if more_asks and len(asking) < batch:
+                if more_asks and len(asking) < self.batch_size:
                     self.in_flight_at_ask.append(len(asking) + len(building) + len(ready) + (evaluating is not None))
                     item = st.ask()
                     if item is not None:
