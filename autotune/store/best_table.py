@@ -31,12 +31,12 @@ from typing import Any
 
 from sqlalchemy import (JSON, Boolean, DateTime, Float, Integer, MetaData, String, UniqueConstraint, create_engine, inspect,
                         select, update)
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import space
 
-from . import storage_url
+from . import storage_url, tables
 
 SCHEMA_VERSION = 1
 TABLE = "autotune_best"
@@ -44,7 +44,6 @@ REPLACED_TABLE = "autotune_best_replaced"
 META_TABLE = "autotune_meta"
 SCHEMA_KEY = f"{TABLE}.schema_version"
 EXPORT_FORMAT = "autotune-best"
-CREATE_ATTEMPTS = 5  # processes creating our tables at once: all but one CREATE fail, and look again
 
 KEY_FIELDS = ("gpu_name", "arch", "dtype", "head_dim", "causal", "seqlen", "seqlen_k", "batch", "heads", "kv_heads")
 VALUE_FIELDS = ("family", "config_key", "config", "tflops", "time_ms", "spread_ms", "study", "trial",
@@ -301,7 +300,7 @@ class BestStore:
             if read_only:
                 self._has_table = inspect(self.engine).has_table(TABLE)
             else:
-                self._create_tables()
+                tables.create_missing(_Base.metadata, self.engine)  # hosts finishing together: tables.py
                 self._has_table = True
             self._check_schema()
         except SQLAlchemyError as e:  # passed prepare's checks, failed on use: still one line, still untouched
@@ -318,18 +317,6 @@ class BestStore:
         self.close()
 
     # -- schema ---------------------------------------------------------------------------------------------
-
-    def _create_tables(self) -> None:
-        """Our tables, created where missing (checkfirst). Several processes can get here at the same moment: the
-        hosts of a shared study that finish together all store their best. PostgreSQL then fails all but one
-        CREATE (pg_type's unique index, or "already exists"); the others look again and find the tables."""
-        for attempt in range(CREATE_ATTEMPTS):
-            try:
-                _Base.metadata.create_all(self.engine)
-                return
-            except (IntegrityError, ProgrammingError, OperationalError):
-                if attempt == CREATE_ATTEMPTS - 1:
-                    raise
 
     def _check_schema(self) -> None:
         if self.read_only:

@@ -23,11 +23,11 @@ import os
 import socket
 from dataclasses import dataclass
 
-from sqlalchemy import DateTime, Integer, MetaData, String, UniqueConstraint, create_engine, inspect, select, update
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy import DateTime, Integer, MetaData, String, UniqueConstraint, create_engine, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
-from . import transient
+from . import tables, transient
 
 TABLE = "autotune_claims"
 
@@ -81,12 +81,7 @@ class Claims:
         return transient.call(fn, *args, reset=self.engine.dispose, on_retry=note)
 
     def ensure_table(self) -> None:
-        try:
-            _Base.metadata.create_all(self.engine)  # checkfirst
-        except (IntegrityError, ProgrammingError, OperationalError):
-            # Several processes creating it at the same moment: one wins, the others see it exists now.
-            if not inspect(self.engine).has_table(TABLE):
-                raise
+        tables.create_missing(_Base.metadata, self.engine)  # several processes may create it at once
 
     def close(self) -> None:
         self.engine.dispose()
