@@ -22,6 +22,9 @@ class Arch:
     static_smem_limit: int = 48 * 1024
     max_threads_per_block: int = 1024
     families: tuple[str, ...] = ("mma_sync",)
+    # SMs of the arch's usual data-centre part (A100, A40, L40, H100/H200, B200/B300, RTX 5090): what the untuned
+    # defaults size split-KV grids for when no device is at hand (default_config_for_shape).
+    sms: int = 132
 
     @property
     def cc(self) -> int:
@@ -37,13 +40,13 @@ class Arch:
 ARCHES: dict[str, Arch] = {
     a.name: a
     for a in (
-        Arch("sm_80", 8, 0, 166912, 167936, 1024, 2048),
-        Arch("sm_86", 8, 6, 101376, 102400, 1024, 1536),
-        Arch("sm_89", 8, 9, 101376, 102400, 1024, 1536),
-        Arch("sm_90", 9, 0, 232448, 233472, 1024, 2048, families=("mma_sync", "wgmma")),
-        Arch("sm_100", 10, 0, 232448, 233472, 1024, 2048),
-        Arch("sm_103", 10, 3, 232448, 233472, 1024, 2048),
-        Arch("sm_120", 12, 0, 101376, 102400, 1024, 1536),
+        Arch("sm_80", 8, 0, 166912, 167936, 1024, 2048, sms=108),
+        Arch("sm_86", 8, 6, 101376, 102400, 1024, 1536, sms=84),
+        Arch("sm_89", 8, 9, 101376, 102400, 1024, 1536, sms=142),
+        Arch("sm_90", 9, 0, 232448, 233472, 1024, 2048, families=("mma_sync", "wgmma"), sms=132),
+        Arch("sm_100", 10, 0, 232448, 233472, 1024, 2048, sms=148),
+        Arch("sm_103", 10, 3, 232448, 233472, 1024, 2048, sms=148),
+        Arch("sm_120", 12, 0, 101376, 102400, 1024, 1536, sms=170),
     )
 }
 

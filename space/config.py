@@ -55,6 +55,10 @@ class Layout:
     smem_dynamic: int
     rows_per_block: int  # query rows covered by one tile (and by one CTA unless the scheduler is persistent)
     scheduler: str = "grid"  # how tiles map to CTAs: "grid", "lpt" (1-D, one tile each) or "persistent"
+    kv_splits: int = 1       # CTAs per tile along the keys (grid.z = batch × kv_splits), merged by a combine kernel
+    # Packed GQA: a tile's rows are (query row, head of the K/V head's group) pairs in tiles of PACK_TILE_ROWS rows,
+    # each holding PACK_TILE_ROWS // G query rows of G = heads / kv_heads heads; grid.y runs over K/V heads.
+    pack_gqa: bool = False
 
     @property
     def smem_total(self) -> int:
@@ -65,13 +69,26 @@ class Layout:
         """The grid depends on the device: SMs × resident CTAs per SM (grid() wants both)."""
         return self.scheduler == "persistent"
 
-    def grid(self, batch: int, heads: int, seqlen_q: int, resident_ctas: int | None = None) -> tuple[int, int, int]:
+    def query_rows(self, heads: int, kv_heads: int | None = None) -> int:
+        """Query rows (per head) one tile covers: rows_per_block, or packed, PACK_TILE_ROWS // G per tile."""
+        if not self.pack_gqa:
+            return self.rows_per_block
+        group = heads // (kv_heads or heads)
+        if group > PACK_TILE_ROWS:
+            raise ValueError(f"kv_heads: pack_gqa packs at most {PACK_TILE_ROWS} query heads per K/V head into a "
+                             f"tile, got {heads} heads on {kv_heads} K/V heads")
+        return self.rows_per_block // PACK_TILE_ROWS * (PACK_TILE_ROWS // group)
+
+    def grid(self, batch: int, heads: int, seqlen_q: int, resident_ctas: int | None = None,
+             kv_heads: int | None = None) -> tuple[int, int, int]:
         """The launch grid, the one formula every launch uses (autotune.loader.KernelRunner.grid):
-        grid: (ceil(seqlen_q / rows), heads, batch); lpt: (tiles, 1, 1); persistent: (min(tiles, resident_ctas),
-        1, 1) with resident_ctas = SMs × CTAs of this kernel resident per SM."""
-        m_blocks = -(-seqlen_q // self.rows_per_block)
+        grid: (ceil(seqlen_q / rows), heads, batch × kv_splits), packed GQA: (ceil(seqlen_q / query_rows),
+        kv_heads, batch × kv_splits); lpt: (tiles, 1, 1); persistent: (min(tiles, resident_ctas), 1, 1) with
+        resident_ctas = SMs × CTAs of this kernel resident per SM."""
         if self.scheduler == "grid":
-            return m_blocks, heads, batch
+            m_blocks = -(-seqlen_q // self.query_rows(heads, kv_heads))
+            return m_blocks, (kv_heads or heads) if self.pack_gqa else heads, batch * self.kv_splits
+        m_blocks = -(-seqlen_q // self.rows_per_block)
         tiles = m_blocks * heads * batch
         if self.scheduler == "lpt":
             return tiles, 1, 1
@@ -83,6 +100,9 @@ class Layout:
         raise ValueError(f"scheduler: expected grid, lpt or persistent, got {self.scheduler!r}")
 
 
+PACK_TILE_ROWS = 64  # packed GQA tiles are one warpgroup's 64 wgmma rows (space/wgmma.py ROWS_PER_WG)
+
+
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -92,6 +112,8 @@ class Family:
     rules: tuple[Rule, ...]
     layout: Callable[["Config", Problem], Layout]
     default: Callable[[Problem, Arch], "Config"]
+    # A default for shapes the problem-level one serves badly (decode: split-KV, packed GQA), or None to keep it.
+    shape_default: Callable[[Any, Arch], "Config | None"] | None = None
 
     def axis(self, name: str) -> Axis:
         for a in self.axes:
@@ -251,4 +273,17 @@ def default_config(problem: Problem, arch: Arch, family: str | None = None) -> C
         # The arch's newest family: on sm_90 the Hopper-native one, which measured far ahead (docs/benchmarks.md).
         family = "wgmma" if "wgmma" in arch.families and "wgmma" in FAMILIES else "mma_sync"
     return get_family(family).default(problem, arch)
+
+
+def default_config_for_shape(shape, arch: Arch, family: str | None = None) -> Config:
+    """The heuristic default for one shape (space.Shape): the family's shape-level default where it has one for
+    this shape (the wgmma family's for decode), else default_config(shape.problem, arch). A pure function."""
+    if family is None:
+        family = "wgmma" if "wgmma" in arch.families and "wgmma" in FAMILIES else "mma_sync"
+    fam = get_family(family)
+    if fam.shape_default is not None:
+        found = fam.shape_default(shape, arch)
+        if found is not None:
+            return found
+    return fam.default(shape.problem, arch)
 

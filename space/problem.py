@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DTYPES = ("fp16", "bf16")
+# Decode: at most this many new query tokens per sequence (one, or a few with speculative decoding) against a cache.
+# Such shapes are memory-bound and get their own defaults; tuned rows of one kind never stand in for the other.
+DECODE_MAX_QUERIES = 16
 HEAD_DIMS = (64, 128, 256)
 
 
@@ -64,6 +67,15 @@ class Shape:
     @property
     def problem(self) -> Problem:
         return Problem(self.head_dim, self.dtype, self.causal)
+
+    @property
+    def is_decode(self) -> bool:
+        return self.seqlen_q <= DECODE_MAX_QUERIES
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of K and V one call reads at least once (the memory-bound figure: TB/s = kv_bytes / time)."""
+        return 2 * self.batch * self.kv_heads * self.seqlen_k * self.head_dim * 2
 
     @property
     def flops(self) -> float:

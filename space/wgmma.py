@@ -6,8 +6,8 @@ messages, and tests/test_wgmma_compile.py compiles a sample to check that both s
 from __future__ import annotations
 
 from .arch import Arch
-from .config import Axis, Config, Family, Layout, register_family
-from .problem import Problem
+from .config import PACK_TILE_ROWS, Axis, Config, Family, Layout, register_family
+from .problem import Problem, Shape
 from .resource_rules import (min_blocks_smem, rule, smem_optin_limit, static_smem_limit, threads_per_block,
                              threads_per_sm)
 
@@ -30,6 +30,7 @@ SCHEDULERS = ("grid", "lpt", "persistent")  # AT_SCHEDULER = index; "grid" is th
 SMEM_OPTIN_SM90 = 232448
 SMEM_PER_SM_SM90 = 233472
 L2_SECTION_BYTES = 32 << 20  # K/V bytes of one section of heads in the lpt order (traits.cuh: kL2SectionBytes)
+KV_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # traits.cuh: at most 32 (one lane of a combine warp per split)
 
 AXES = (
     Axis("consumer_wgs", (1, 2, 3), "AT_CONSUMER_WGS",
@@ -55,6 +56,14 @@ AXES = (
     Axis("o_rescale", ("after", "before"), "AT_O_RESCALE_BEFORE",
          "overlapped loop: O shrinks by the max correction after P(n-1)·V(n-1) completes, or before it is issued, "
          "under the S(n) GEMM (FA3's order for head_dim > 128)", lambda v: v == "before", default="after"),
+    Axis("kv_splits", KV_SPLITS, "AT_KV_SPLITS",
+         "CTAs one tile's key range is cut into (grid.z = batch × splits); each writes fp32 partials that a small "
+         "combine kernel merges by their logsumexp: fills the SMs when batch × heads × query blocks is small "
+         "(decode against a long cache)", default=1),
+    Axis("pack_gqa", (False, True), "AT_PACK_GQA",
+         "the query heads sharing one K/V head are the rows of one tile (64 / G query rows of G heads), so each K/V "
+         "tile is read once per K/V head and wgmma's 64 rows are filled by heads (decode with grouped heads)",
+         default=False),
 )
 
 
@@ -95,7 +104,7 @@ def smem_regions(c: Config, p: Problem) -> dict[str, int]:
 
 def layout(c: Config, p: Problem) -> Layout:
     return Layout(threads=threads(c), smem_static=0, smem_dynamic=sum(smem_regions(c, p).values()),
-                  rows_per_block=br(c), scheduler=c.scheduler)
+                  rows_per_block=br(c), scheduler=c.scheduler, kv_splits=c.kv_splits, pack_gqa=c.pack_gqa)
 
 
 def tile_order(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, rows: int,
@@ -219,8 +228,26 @@ def accumulators_fit_registers(c, p, a, lay):
         return f"{need} accumulator registers per consumer thread > budget {budget} (certain spill)"
 
 
+@rule("kv_splits_range", "1 to 32 key splits (the combine kernel gives each split one lane of a warp)")
+def kv_splits_range(c, p, a, lay):
+    if not 1 <= c.kv_splits <= 32:
+        return f"kv_splits={c.kv_splits} is not in [1, 32]"
+
+
+@rule("split_pack_need_grid", "kv_splits > 1 and pack_gqa index tiles by the grid (blockIdx.y, blockIdx.z)")
+def split_pack_need_grid(c, p, a, lay):
+    if (c.kv_splits > 1 or c.pack_gqa) and c.scheduler != "grid":
+        return f"kv_splits={c.kv_splits}, pack_gqa={int(c.pack_gqa)} need scheduler=grid, got {c.scheduler}"
+
+
+@rule("kv_splits_store_direct", "split partials are fp32, written from the accumulators (o_store=direct)")
+def kv_splits_store_direct(c, p, a, lay):
+    if c.kv_splits > 1 and c.o_store != "direct":
+        return f"kv_splits={c.kv_splits} needs o_store=direct, got {c.o_store}"
+
+
 RULES = (head_dim_chunks, bc_multiple_of_16, pingpong_needs_two_consumers, pingpong_needs_overlap,
-         rescale_before_needs_overlap,
+         rescale_before_needs_overlap, kv_splits_range, split_pack_need_grid, kv_splits_store_direct,
          setmaxnreg_needs_two_consumers, setmaxnreg_one_block, threads_per_block, threads_per_sm, static_smem_limit,
          smem_optin_limit, min_blocks_smem, accumulators_fit_registers)
 
@@ -245,7 +272,44 @@ def default(p: Problem, a: Arch) -> Config:
                        pingpong=True, o_store="smem", min_blocks=1)
 
 
+DECODE_BC = 128
+# Split only while each split keeps at least this many key tiles (the combine's cost and the prologue amortised).
+MIN_TILES_PER_SPLIT = 2
+# Fewest splits whose CTAs fill at least this share of the last wave (or the best fill any split count reaches).
+GOOD_FILL = 0.9
+
+
+def decode_default(shape: Shape, arch: Arch) -> Config | None:
+    """The untuned default for decode (Shape.is_decode: seqlen_q <= DECODE_MAX_QUERIES): a pure function of the shape and the
+    arch's SM count. Memory-bound, so the aim is to read K/V once and keep every SM streaming: one consumer
+    warpgroup with a three-deep ring of 128-key tiles; the query heads of a GQA group packed into one tile (the K/V
+    tile is read once for all of them); and the key range split so that the CTAs fill whole waves of the SMs best
+    (the fewest splits whose waves are GOOD_FILL full, each split keeping MIN_TILES_PER_SPLIT key tiles). None for prefill."""
+    if not shape.is_decode:
+        return None
+    group = shape.heads // shape.kv_heads
+    pack = 1 < group <= PACK_TILE_ROWS
+    c = Config.make("wgmma", consumer_wgs=1, bc=DECODE_BC, stages=3, setmaxnreg=False, overlap=True,
+                    pingpong=False, o_store="direct", min_blocks=1, scheduler="grid", o_rescale="after",
+                    kv_splits=1, pack_gqa=pack)
+    lay = layout(c, shape.problem)
+    per_sm = max(1, SMEM_PER_SM_SM90 // (lay.smem_dynamic + 1024))
+    slots = arch.sms * per_sm
+    gx, gy, gz = lay.grid(shape.batch, shape.heads, shape.seqlen_q, kv_heads=shape.kv_heads)
+    ctas = gx * gy * gz
+    n_tiles = -(-shape.seqlen_k // DECODE_BC)
+
+    def fill(s: int) -> float:
+        waves = -(-ctas * s // slots)
+        return ctas * s / (waves * slots)
+
+    options = [s for s in KV_SPLITS if s == 1 or n_tiles // s >= MIN_TILES_PER_SPLIT]
+    good = min(GOOD_FILL, max(fill(s) for s in options))
+    splits = min(s for s in options if fill(s) >= good - 1e-9)
+    return c.replace(kv_splits=splits)
+
+
 FAMILY = register_family(Family(
     name="wgmma", source="sm90/flash_fwd.cu", entry="flash_fwd_wgmma",
-    axes=AXES, rules=RULES, layout=layout, default=default,
+    axes=AXES, rules=RULES, layout=layout, default=default, shape_default=decode_default,
 ))

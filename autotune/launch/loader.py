@@ -231,6 +231,22 @@ def _family(name: str) -> space.Family:
     return space.get_family(name)
 
 
+COMBINE_ENTRY = "flash_fwd_combine"  # split-KV's merge kernel, in every wgmma cubin (kernels/sm90/flash_fwd.cu)
+COMBINE_ROWS_PER_BLOCK = 4            # one warp per (batch, head, query row), 128 threads
+
+
+@dataclass(frozen=True)
+class Combine:
+    """The second launch of a split-KV build: same parameter block, its own grid."""
+
+    kernel: Kernel
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+
+    def __call__(self, params: FlashFwdParams, stream=None) -> None:
+        self.kernel.launch(params, self.grid, self.block, 0, stream)
+
+
 @dataclass(frozen=True, eq=False)  # holds tensors: compare by identity
 class Launch:
     """Everything one launch needs, prepared ahead; calling it only enqueues the kernel on the current stream."""
@@ -242,9 +258,12 @@ class Launch:
     smem_dynamic: int
     keepalive: tuple         # the tensors the params (and tensor maps) point into
     extra_args: tuple = ()   # by-value arguments after the parameter block (the wgmma family's CUtensorMaps)
+    combine: Combine | None = None  # split-KV builds: the merge of the partials, right after on the same stream
 
     def __call__(self, stream=None) -> None:
         self.kernel.launch(self.params, self.grid, self.block, self.smem_dynamic, stream, self.extra_args)
+        if self.combine is not None:
+            self.combine(self.params, stream)
 
 
 class KernelRunner:
@@ -273,7 +292,7 @@ class KernelRunner:
                 raise ValueError(f"kernel: the {self.layout.scheduler} grid of {self.config.key} needs the loaded "
                                  "kernel (SMs × resident CTAs)")
             resident = kernel.resident_ctas(self.layout.threads, self.layout.smem_dynamic)
-        gx, gy, gz = self.layout.grid(shape.batch, shape.heads, shape.seqlen_q, resident)
+        gx, gy, gz = self.layout.grid(shape.batch, shape.heads, shape.seqlen_q, resident, shape.kv_heads)
         if self.layout.scheduler != "grid":
             tiles = -(-shape.seqlen_q // self.layout.rows_per_block) * shape.heads * shape.batch
             # lpt: blockIdx.x is the tile; persistent: the kernel's cursor keeps unit + CTAs in 30 bits
@@ -285,34 +304,65 @@ class KernelRunner:
             return gx, gy, gz
         if gx > MAX_GRID_X:
             raise ValueError(f"q: seqlen_q {shape.seqlen_q} needs {gx} CTAs along grid.x (max {MAX_GRID_X})")
-        if shape.heads > MAX_GRID_YZ:
-            raise ValueError(f"q: {shape.heads} heads exceed the grid's y limit {MAX_GRID_YZ}")
-        if shape.batch > MAX_GRID_YZ:
-            raise ValueError(f"q: batch {shape.batch} exceeds the grid's z limit {MAX_GRID_YZ}")
-        return gx, shape.heads, shape.batch
+        if gy > MAX_GRID_YZ:
+            raise ValueError(f"q: {gy} heads exceed the grid's y limit {MAX_GRID_YZ}")
+        if gz > MAX_GRID_YZ:
+            splits = f" × {self.layout.kv_splits} key splits" if self.layout.kv_splits > 1 else ""
+            raise ValueError(f"q: batch {shape.batch}{splits} exceeds the grid's z limit {MAX_GRID_YZ}")
+        return gx, gy, gz
 
-    def prepare(self, q, k, v, o, lse=None, scale: float | None = None) -> Launch:
-        """Validate and fill the parameter block once; the returned Launch can be called many times (timing)."""
-        params = make_params(q, k, v, o, lse, scale, problem=self.problem)
+    def combine(self, shape: InputShape, device: int | None = None) -> Combine | None:
+        """The merge of a split-KV build's partials (flash_fwd_combine, same cubin), or None without splits."""
+        if self.layout.kv_splits == 1:
+            return None
+        rows = shape.batch * shape.heads * shape.seqlen_q
+        grid = -(-rows // COMBINE_ROWS_PER_BLOCK)
+        if grid > MAX_GRID_X:
+            raise ValueError(f"q: {rows} query rows need {grid} combine blocks (max {MAX_GRID_X})")
+        return Combine(load_kernel(self._cubin, COMBINE_ENTRY, 0, device), (grid, 1, 1),
+                       (32 * COMBINE_ROWS_PER_BLOCK, 1, 1))
+
+    def prepare(self, q, k, v, o, lse=None, scale: float | None = None, causal_align: str = "upper_left") -> Launch:
+        """Validate and fill the parameter block once; the returned Launch can be called many times (timing).
+        A split-KV build's partial buffers are allocated here and kept alive by the Launch."""
+        params = make_params(q, k, v, o, lse, scale, problem=self.problem, causal_align=causal_align)
         shape = InputShape(params.batch, params.heads, params.kv_heads, params.seqlen_q, params.seqlen_k,
                            self.problem.head_dim, self.problem.dtype)
         extra = tuple(tma.launch_extra_args(self.config, q, k, v))  # () for parameter-block-only families
         kernel = self.kernel(q.device.index)
-        return Launch(kernel, params, self.grid(shape, kernel), (self.layout.threads, 1, 1),
-                      self.layout.smem_dynamic, (q, k, v, o, lse), extra)
+        grid = self.grid(shape, kernel)
+        partials = split_partials(self.layout.kv_splits, shape, q.device)
+        if partials:
+            params.o_partial, params.lse_partial = (t.data_ptr() for t in partials)
+        return Launch(kernel, params, grid, (self.layout.threads, 1, 1), self.layout.smem_dynamic,
+                      (q, k, v, o, lse, *partials), extra, self.combine(shape, q.device.index))
 
-    def run(self, q, k, v, o, lse=None, scale: float | None = None) -> None:
+    def run(self, q, k, v, o, lse=None, scale: float | None = None, causal_align: str = "upper_left") -> None:
         """Write attention(q, k, v) into o (and lse), on torch's current stream."""
-        self.prepare(q, k, v, o, lse, scale)()
+        self.prepare(q, k, v, o, lse, scale, causal_align)()
 
-    def __call__(self, q, k, v, scale: float | None = None, return_lse: bool = False):
+    def __call__(self, q, k, v, scale: float | None = None, return_lse: bool = False,
+                 causal_align: str = "upper_left"):
         """Allocate o (contiguous, like q's shape) and lse, launch, return o or (o, lse)."""
         import torch
 
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
-        self.run(q, k, v, o, lse, scale)
+        self.run(q, k, v, o, lse, scale, causal_align)
         return (o, lse) if return_lse else o
+
+
+def split_partials(kv_splits: int, shape: InputShape, device) -> tuple:
+    """(o_partial, lse_partial) for a split-KV launch: fp32 (splits, batch, heads, seqlen_q, head_dim) and
+    (splits, batch, heads, seqlen_q), contiguous (flash_params.h); () without splits. Left uninitialised: every
+    row a split covers is written, and the combine never reads the O of a split whose lse is -inf."""
+    if kv_splits == 1:
+        return ()
+    import torch
+
+    rows = (kv_splits, shape.batch, shape.heads, shape.seqlen_q)
+    return (torch.empty(rows + (shape.head_dim,), dtype=torch.float32, device=device),
+            torch.empty(rows, dtype=torch.float32, device=device))
 
 
 def attention_with(build, q, k, v, scale: float | None = None, return_lse: bool = False):

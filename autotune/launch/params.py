@@ -41,6 +41,9 @@ class FlashFwdParams(ctypes.Structure):
         ("seqlen_q", ctypes.c_int),
         ("seqlen_k", ctypes.c_int),
         ("scale_log2", ctypes.c_float),
+        ("causal_offset", ctypes.c_int),
+        ("o_partial", ctypes.c_void_p),
+        ("lse_partial", ctypes.c_void_p),
     ]
 
 
@@ -161,8 +164,10 @@ def _strides(t) -> tuple[int, int, int]:
 
 
 def make_params(q, k, v, o, lse=None, scale: float | None = None, *, problem: Problem | None = None,
-                require_cuda: bool = True) -> FlashFwdParams:
-    """Validate the tensors and fill the parameter block. `scale` defaults to 1/sqrt(head_dim).
+                require_cuda: bool = True, causal_align: str = "upper_left") -> FlashFwdParams:
+    """Validate the tensors and fill the parameter block. `scale` defaults to 1/sqrt(head_dim). `causal_align`
+    (causal builds only): "upper_left" (query i sees keys j <= i, SDPA's is_causal) or "lower_right" (j <= i +
+    seqlen_k - seqlen_q: the last query sees every key, as decode and chunked prefill need).
 
     The struct holds raw pointers: the caller keeps q, k, v, o, lse alive until the kernel has run.
     """
@@ -186,4 +191,17 @@ def make_params(q, k, v, o, lse=None, scale: float | None = None, *, problem: Pr
     p.batch, p.heads, p.kv_heads = shape.batch, shape.heads, shape.kv_heads
     p.seqlen_q, p.seqlen_k = shape.seqlen_q, shape.seqlen_k
     p.scale_log2 = scale * LOG2_E
+    p.causal_offset = causal_offset(causal_align, shape.seqlen_q, shape.seqlen_k)
     return p
+
+
+CAUSAL_ALIGNS = ("upper_left", "lower_right")
+
+
+def causal_offset(align: str, seqlen_q: int, seqlen_k: int) -> int:
+    """The parameter block's causal_offset: query row i sees keys j <= i + offset."""
+    if align == "upper_left":
+        return 0
+    if align == "lower_right":
+        return seqlen_k - seqlen_q
+    raise _fail("causal", f"one of {CAUSAL_ALIGNS}", repr(align))

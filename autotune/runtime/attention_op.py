@@ -8,7 +8,10 @@ enable_gqa=True)` for the cases supported:
     passed as `.transpose(1, 2)` runs without a copy. Inputs that break this are NOT copied (a hidden copy would
     eat the speed-up): the ValueError names the argument and what was expected; `.contiguous()` gives a copy that
     runs;
-  * causal masks are top-left aligned (query i sees keys j <= i), like SDPA's is_causal;
+  * causal=True (or "upper_left") aligns the mask top-left (query i sees keys j <= i), like SDPA's is_causal;
+    causal="lower_right" aligns it bottom-right (query i sees keys j <= i + Nk - Nq: the last query sees every key),
+    PyTorch's `causal_lower_right`, which decode with several new tokens and chunked prefill need. The two agree
+    when Nq == Nk. A query row that sees no key (lower_right with Nq > Nk) returns zeros and lse = -inf;
   * forward only (no backward: autograd raises if one is attempted through the op).
 Returns out (B, H, Nq, D), contiguous, in q's dtype; with return_lse also lse (B, H, Nq), fp32, natural log.
 
@@ -32,17 +35,29 @@ from space import HEAD_DIMS, Shape
 
 from . import lookup as runtime
 from ..launch import tma
-from ..launch.params import ALIGN_BYTES, FlashFwdParams, InputShape, dtype_name, validate_inputs
+from ..launch.loader import split_partials
+from ..launch.params import ALIGN_BYTES, CAUSAL_ALIGNS, FlashFwdParams, InputShape, dtype_name, validate_inputs
 
 OP_NAME = "autotune::flash_attention_fwd"
 
 
 # ---- argument checks --------------------------------------------------------------------------------------
 
+CAUSAL_VALUES = (False, True) + CAUSAL_ALIGNS
+
+
+def causal_mode(causal) -> tuple[bool, str]:
+    """(masked, alignment) of attention's `causal` argument: False, True (= "upper_left") or "lower_right"."""
+    if isinstance(causal, bool):
+        return causal, "upper_left"
+    if isinstance(causal, str) and causal in CAUSAL_ALIGNS:
+        return True, causal
+    raise TypeError(f"causal: expected one of {CAUSAL_VALUES}, got {causal!r}")
+
+
 def check_flags(causal, scale, return_lse) -> Optional[float]:
     """Validate the non-tensor arguments; returns scale as a float (or None for 1/sqrt(head_dim))."""
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal: expected True or False, got {causal!r}")
+    causal_mode(causal)
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse: expected True or False, got {return_lse!r}")
     if scale is None:
@@ -105,15 +120,16 @@ def shape_of(inputs: InputShape, causal: bool) -> Shape:
 class _Launcher:
     """One validated (layout, flags, storage) combination: a warm call only swaps the data pointers."""
 
-    __slots__ = ("plan", "launch", "extra_args", "out_shape", "lse_shape", "dtype", "device")
+    __slots__ = ("plan", "launch", "extra_args", "out_shape", "lse_shape", "dtype", "device", "inputs")
 
-    def __init__(self, plan: runtime.Plan, launch, out_shape, lse_shape, dtype, device):
+    def __init__(self, plan: runtime.Plan, launch, out_shape, lse_shape, dtype, device, inputs: InputShape):
         self.plan, self.launch = plan, launch
         # Families that take more than the parameter block (the wgmma family's TMA descriptors) get those
         # arguments encoded anew for each call's tensors, since they embed the addresses.
         self.extra_args = _extra_args_function() if launch.extra_args else None
         self.out_shape, self.lse_shape = out_shape, lse_shape
         self.dtype, self.device = dtype, device
+        self.inputs = inputs
 
     def __call__(self, q, k, v):
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
@@ -127,7 +143,12 @@ class _Launcher:
         if lse is not None:
             p.lse = lse.data_ptr()
         extra = self.extra_args(self.plan.runner.config, q, k, v) if self.extra_args else ()
+        if launch.combine is not None:  # split-KV: fresh partials per call (safe across streams and CUDA graphs)
+            partials = split_partials(self.plan.runner.layout.kv_splits, self.inputs, self.device)
+            p.o_partial, p.lse_partial = partials[0].data_ptr(), partials[1].data_ptr()
         launch.kernel.launch(p, launch.grid, launch.block, launch.smem_dynamic, None, extra)
+        if launch.combine is not None:
+            launch.combine(p)
         return o, lse
 
 
@@ -144,17 +165,20 @@ def _memo_key(q, k, v, causal, scale, return_lse, url) -> tuple:
             q.device, k.device, v.device, causal, scale, return_lse, url)
 
 
-def _new_launcher(q, k, v, causal: bool, scale, return_lse: bool, url: str) -> _Launcher:
+def _new_launcher(q, k, v, causal, scale, return_lse: bool, url: str) -> _Launcher:
+    masked, align = causal_mode(causal)
     inputs = check_inputs(q, k, v)
-    plan = runtime.resolve(q.device.index, shape_of(inputs, causal), url)
+    plan = runtime.resolve(q.device.index, shape_of(inputs, masked), url)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
-    launch = plan.runner.prepare(q, k, v, o, lse, scale)  # the loader's own full validation, once
-    return _Launcher(plan, launch, tuple(q.shape), tuple(q.shape[:3]) if return_lse else None, q.dtype, q.device)
+    launch = plan.runner.prepare(q, k, v, o, lse, scale, align)  # the loader's own full validation, once
+    return _Launcher(plan, launch, tuple(q.shape), tuple(q.shape[:3]) if return_lse else None, q.dtype, q.device,
+                     inputs)
 
 
-def forward(q, k, v, causal: bool, scale: Optional[float], return_lse: bool):
-    """Run the kernel: (out, lse or None). No dispatcher, no flag checks: callers check flags first."""
+def forward(q, k, v, causal, scale: Optional[float], return_lse: bool):
+    """Run the kernel: (out, lse or None). No dispatcher, no flag checks: callers check flags first.
+    `causal`: False, True, "upper_left" or "lower_right" (causal_mode)."""
     url = runtime.storage_key()  # an env read when warm; an env change takes effect
     key = _memo_key(q, k, v, causal, scale, return_lse, url)
     launcher = _launchers.get(key)
@@ -173,16 +197,19 @@ def clear_caches() -> None:
 
 @torch.library.custom_op(OP_NAME, mutates_args=())
 def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
-                        return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse); lse is an empty fp32 tensor when return_lse is False (an op cannot return None)."""
+                        return_lse: bool, causal_align: str = "upper_left") -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse); lse is an empty fp32 tensor when return_lse is False (an op cannot return None).
+    causal_align: "upper_left" or "lower_right" (only read when causal)."""
     scale = check_flags(causal, scale, return_lse)
-    out, lse = forward(q, k, v, causal, scale, return_lse)
+    _check_align(causal_align)
+    out, lse = forward(q, k, v, causal_align if causal else False, scale, return_lse)
     return out, (lse if lse is not None else torch.empty(0, dtype=torch.float32, device=q.device))
 
 
 @flash_attention_fwd.register_fake
-def _flash_attention_fwd_fake(q, k, v, causal, scale, return_lse):
+def _flash_attention_fwd_fake(q, k, v, causal, scale, return_lse, causal_align="upper_left"):
     check_flags(causal, scale, return_lse)
+    _check_align(causal_align)
     check_meta(q, k, v)
     out = q.new_empty(q.shape)  # contiguous, like the real output
     lse = q.new_empty(q.shape[:3] if return_lse else (0,), dtype=torch.float32)
@@ -211,20 +238,27 @@ def _direct(q, k, v) -> bool:
     return not (_dispatch_modes() or _function_modes() or _functorch())
 
 
-def attention(q, k, v, causal: bool = False, scale: Optional[float] = None, return_lse: bool = False):
-    """Attention with the fastest known config for this GPU and shape; see the module docstring."""
+def _check_align(causal_align) -> None:
+    if causal_align not in CAUSAL_ALIGNS:
+        raise ValueError(f"causal_align: expected one of {CAUSAL_ALIGNS}, got {causal_align!r}")
+
+
+def attention(q, k, v, causal: bool | str = False, scale: Optional[float] = None, return_lse: bool = False):
+    """Attention with the fastest known config for this GPU and shape; see the module docstring.
+    causal: False, True (= "upper_left", SDPA's is_causal) or "lower_right" (the last query sees every key)."""
     scale = check_flags(causal, scale, return_lse)
+    masked, align = causal_mode(causal)
     if _direct(q, k, v):
         out, lse = forward(q, k, v, causal, scale, return_lse)
     else:
         for name, t in (("q", q), ("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor):  # before the dispatcher, whose schema error names no argument
                 raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        out, lse = flash_attention_fwd(q, k, v, causal, scale, return_lse)
+        out, lse = flash_attention_fwd(q, k, v, masked, scale, return_lse, align)
     return (out, lse) if return_lse else out
 
 
-def explain(q, k, v, causal: bool = False, *, storage: str | None = None, gpu_name: str | None = None,
+def explain(q, k, v, causal: bool | str = False, *, storage: str | None = None, gpu_name: str | None = None,
             arch=None) -> str:
     """Which config attention(q, k, v, causal) would run and why: source, row provenance, distance.
 
@@ -239,9 +273,9 @@ def explain(q, k, v, causal: bool = False, *, storage: str | None = None, gpu_na
     inputs = check_inputs(q, k, v, require_cuda=not offline)
     if not offline:
         gpu_name, arch = runtime.device_info(q.device.index)
-    selection = runtime.select_config(shape_of(inputs, causal), gpu_name, arch, storage)
+    selection = runtime.select_config(shape_of(inputs, causal_mode(causal)[0]), gpu_name, arch, storage)
     return selection.explain()
 
 
-__all__ = ["OP_NAME", "attention", "check_flags", "check_inputs", "check_meta", "clear_caches", "explain",
+__all__ = ["CAUSAL_VALUES", "OP_NAME", "attention", "causal_mode", "check_flags", "check_inputs", "check_meta", "clear_caches", "explain",
            "flash_attention_fwd", "forward"]

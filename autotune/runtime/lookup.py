@@ -14,7 +14,9 @@ Lookup order for `select_config(shape, gpu_name, arch)`, first hit wins:
                 are the single "log seqlen" term). Ties (equal d within 1e-9) go to the closer GQA group size
                 |log2(H/Hkv) − log2(H'/Hkv')|, then to the user's storage over shipped tables, then to the
                 smaller key (seqlen, seqlen_k, batch, heads, kv_heads in that order): deterministic.
-  4. heuristic  `space.default_config(problem, arch)`, a pure function.
+                Decode shapes (seqlen_q <= space.DECODE_MAX_QUERIES) take only decode rows, prefill only prefill rows.
+  4. heuristic  `space.default_config_for_shape(shape, arch)`, a pure function (the family's decode default for
+                decode shapes: split-KV and packed GQA heads, space/wgmma.py decode_default).
 
 Every row is checked as it is read (store.best_table.row_problem: known family, axes and values, config dict
 agreeing with the key, the space's rules, positive finite figures), and again against this arch and problem
@@ -233,7 +235,7 @@ class Selection:
     def explain(self) -> str:
         lines = [f"{self.shape.key} on {self.gpu_name} ({self.arch}): {self.config.key}"]
         if self.source == "heuristic":
-            lines.append(f"  source: heuristic — space.default_config({self.shape.problem.key}, {self.arch}): "
+            lines.append(f"  source: heuristic — space.default_config_for_shape({self.shape.key}, {self.arch}): "
                          f"no usable tuned row for {self.gpu_name} {self.arch} {self.shape.problem.key}")
         else:
             how = "exact shape" if self.source != "nearest" else (
@@ -334,10 +336,10 @@ def _nearest(candidates, shape: Shape, checker: _Checker) -> tuple[Candidate, Co
 def heuristic(shape: Shape, gpu_name: str, arch: Arch, notes: tuple[str, ...] = (),
               searched: tuple[str, ...] = ()) -> Selection:
     """The pure-function default, as a Selection."""
-    config = space.default_config(shape.problem, arch)
+    config = space.default_config_for_shape(shape, arch)
     broken = space.violations(config, shape.problem, arch)
     if broken:  # a bug in space/, not in the user's input: say so rather than launch an invalid kernel
-        raise RuntimeError(f"space.default_config({shape.problem.key}, {arch.name}) returned {config.key}, which "
+        raise RuntimeError(f"space.default_config_for_shape({shape.key}, {arch.name}) returned {config.key}, which "
                            f"violates {'; '.join(map(str, broken))}")
     return Selection(config, "heuristic", shape, gpu_name, arch.name, notes=notes, searched=searched)
 
@@ -387,7 +389,10 @@ def _select(shape: Shape, gpu_name: str, arch: Arch, url: str, tables: Path | No
         found = _exact(pool, shape, checker)
         if found:
             return chosen(source, found, 0.0)
-    found = _nearest(stored + shipped, shape, checker)
+    # Decode rows stand in only for decode shapes and prefill rows only for prefill: their best configs differ in
+    # kind (split-KV, packed heads), not in degree, so a nearer row of the other kind is worse than the default.
+    same_kind = tuple(c for c in stored + shipped if (c.entry.seqlen <= space.DECODE_MAX_QUERIES) == shape.is_decode)
+    found = _nearest(same_kind, shape, checker)
     if found:
         return chosen("nearest", found, found[2])
     return heuristic(shape, gpu_name, arch, tuple(checker.notes), searched)

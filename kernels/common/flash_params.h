@@ -15,4 +15,13 @@ struct FlashFwdParams {
     long long o_batch_stride, o_head_stride, o_row_stride;
     int batch, heads, kv_heads, seqlen_q, seqlen_k;
     float scale_log2;  // softmax scale × log2(e): scores go straight into exp2
+    // Causal masks: query row i sees keys j <= i + causal_offset. 0 is the top-left alignment of SDPA's is_causal;
+    // seqlen_k - seqlen_q aligns the last query with the last key (decode, chunked prefill: PyTorch's
+    // causal_lower_right). Ignored by non-causal builds.
+    int causal_offset;
+    // Split-KV builds (wgmma AT_KV_SPLITS > 1): each split of the key range writes its O normalised by its own row
+    // sum, fp32 (splits, batch, heads, seqlen_q, head_dim) contiguous, and its natural-log logsumexp, fp32 (splits,
+    // batch, heads, seqlen_q); flash_fwd_combine merges them into o (and lse). Null otherwise.
+    float* o_partial;
+    float* lse_partial;
 };

@@ -137,9 +137,11 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
 
     int n_tiles = (p.seqlen_k + kBc - 1) / kBc;
     if constexpr (kCausal) {
-        // Top-left alignment: query row i sees keys j <= i, so tiles past the block's last row are skipped.
-        const int last_row = min(q_start + kBr, p.seqlen_q) - 1;
-        n_tiles = min(n_tiles, last_row / kBc + 1);
+        // Query row i sees keys j <= i + causal_offset (0: top-left, seqlen_k - seqlen_q: bottom-right), so tiles
+        // past the block's last row are skipped. A block that sees no key at all (bottom-right with more queries
+        // than keys) runs one fully masked tile: O = 0 and lse = -inf, as for any row with every score masked.
+        const int last_key = min(q_start + kBr, p.seqlen_q) - 1 + p.causal_offset;
+        n_tiles = last_key < 0 ? 1 : min(n_tiles, last_key / kBc + 1);
     }
     const int n_items = 2 * n_tiles;
 
@@ -279,7 +281,8 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
 
         // ---- mask columns past seqlen_k and, for causal, above the diagonal ------------------------------
         const int col0 = tile * kBc + warp_n * kColsPerWarp;
-        const bool need_mask = (tile + 1) * kBc > p.seqlen_k || (kCausal && (tile + 1) * kBc - 1 > q_start);
+        const bool need_mask =
+            (tile + 1) * kBc > p.seqlen_k || (kCausal && (tile + 1) * kBc - 1 > q_start + p.causal_offset);
         if (need_mask) {
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt)
@@ -289,7 +292,7 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
                     for (int e = 0; e < 4; ++e) {
                         const int row = q_start + row_w + mt * 16 + g + (e >> 1) * 8;
                         const int col = col0 + nt * 8 + 2 * t + (e & 1);
-                        if (col >= p.seqlen_k || (kCausal && col > row)) s[mt][nt][e] = -INFINITY;
+                        if (col >= p.seqlen_k || (kCausal && col > row + p.causal_offset)) s[mt][nt][e] = -INFINITY;
                     }
         }
 

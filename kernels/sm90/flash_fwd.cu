@@ -65,12 +65,21 @@ struct Smem {
     __device__ uint32_t v_tile(int s) const { return v + s * kKVTileBytes; }
 };
 
-// Query rows [m0, m0 + kBr) need key tiles [0, n_tiles): all of them, or under top-left causal masking
-// (row i sees keys j <= i) only those up to the last row that exists.
+// Packed GQA: G query heads per K/V head share a tile, so a warpgroup's 64 rows hold 64 / G query rows of G heads.
+__device__ __forceinline__ int group_size(const FlashFwdParams& p) { return kPackGqa ? p.heads / p.kv_heads : 1; }
+__device__ __forceinline__ int query_rows_per_wg(const FlashFwdParams& p) {
+    return kPackGqa ? kRowsPerWG / group_size(p) : kRowsPerWG;
+}
+
+// Query rows [m0, m0 + rows) need key tiles [0, n_tiles): all of them, or under causal masking (row i sees keys
+// j <= i + causal_offset) only those up to the last row that exists. At least one: a block whose rows see no key at
+// all (lower-right alignment with more queries than keys) runs one fully masked tile, which yields O = 0 and
+// lse = -inf exactly as a row with every score masked does.
 __device__ __forceinline__ int num_kv_tiles(const FlashFwdParams& p, int m0) {
     int kv_end = p.seqlen_k;
-    if constexpr (kCausal) kv_end = min(kv_end, min(m0 + kBr, p.seqlen_q));
-    return (kv_end + kBc - 1) / kBc;
+    if constexpr (kCausal)
+        kv_end = min(kv_end, min(m0 + kConsumerWGs * query_rows_per_wg(p), p.seqlen_q) + p.causal_offset);
+    return kv_end > 0 ? (kv_end + kBc - 1) / kBc : 1;
 }
 
 // ---- tile order ----------------------------------------------------------------------------------------------------
@@ -236,9 +245,9 @@ struct Ring {
 // goes first: its slot was released by the tile before the previous one, normally long ago.
 __device__ __forceinline__ void produce(const FlashFwdParams& p, const Smem& sm, const CUtensorMap* tm_q,
                                         const CUtensorMap* tm_k, const CUtensorMap* tm_v, int m0, int head,
-                                        int kv_head, int batch, int n_tiles, Ring& ring, uint32_t q_seq) {
+                                        int kv_head, int batch, int n_begin, int n_end, Ring& ring, uint32_t q_seq) {
     const uint32_t q_slot = q_slot_of(q_seq);
-    if constexpr (!kPersistent) load_q(sm, q_slot, tm_q, m0, head, batch);
+    if constexpr (!kPersistent && !kPackGqa) load_q(sm, q_slot, tm_q, m0, head, batch);
     if constexpr (kPersistent && kQBuffers == 2) {
         mbar_wait(sm.q_empty(q_slot), q_parity_of(q_seq) ^ 1);
         load_q(sm, q_slot, tm_q, m0, head, batch);
@@ -246,7 +255,7 @@ __device__ __forceinline__ void produce(const FlashFwdParams& p, const Smem& sm,
 
     int& stage = ring.stage;
     uint32_t& phase = ring.phase;
-    for (int n = 0; n < n_tiles; ++n) {
+    for (int n = n_begin; n < n_end; ++n) {
         mbar_wait(kKVReleaseSplit ? sm.k_empty(stage) : sm.v_empty(stage), phase ^ 1);
         mbar_arrive_expect_tx(sm.k_full(stage), kKVTileBytes);
 #pragma unroll
@@ -260,7 +269,7 @@ __device__ __forceinline__ void produce(const FlashFwdParams& p, const Smem& sm,
             tma_load_4d(sm.v_tile(stage) + c * kKVChunkBytes, tm_v, c * kSwizzleCols, n * kBc, kv_head, batch,
                         sm.v_full(stage));
         if constexpr (kPersistent && kQBuffers == 1) {
-            if (n == 0) {
+            if (n == n_begin) {
                 mbar_wait(sm.q_empty(q_slot), q_parity_of(q_seq) ^ 1);
                 load_q(sm, q_slot, tm_q, m0, head, batch);
             }
@@ -301,14 +310,15 @@ __device__ __forceinline__ void issue_pv(float (&o)[kORegs], const uint32_t (&pf
 // 8-column block j, columns 8j + 2·(lane % 4) + {0, 1}: s[4j + 2h + e] is row r + 8h, that column + e.
 // Updates the running max m (log2 units, scale folded) and the thread's partial row sums l, turns s into
 // probabilities in place, and returns the factor by which O accumulated so far must shrink.
+// diag0, diag1: the last key each of the thread's two rows may see (causal: query row + causal_offset).
 template <bool kMask>
 __device__ __forceinline__ void softmax_tile(float (&s)[kSRegs], float (&m)[2], float (&l)[2], float (&corr)[2],
-                                             float scale_log2, int row0, int col0, int seqlen_k) {
+                                             float scale_log2, int diag0, int diag1, int col0, int seqlen_k) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         int col_limit = seqlen_k;
-        if constexpr (kCausal) col_limit = min(col_limit, row0 + 8 * h + 1);
+        if constexpr (kCausal) col_limit = min(col_limit, (h == 0 ? diag0 : diag1) + 1);
         float mx = -CUDART_INF_F;
 #pragma unroll
         for (int j = 0; j < kBc / 8; ++j)
@@ -360,18 +370,65 @@ __device__ __forceinline__ void convert_p(const float (&s)[kSRegs], uint32_t (&p
     for (int i = 0; i < kPRegs; ++i) pf[i] = pack2(s[2 * i], s[2 * i + 1]);
 }
 
-// Tiles that can hold a masked score for this warpgroup's rows: past seqlen_k, or crossing the causal diagonal.
-__device__ __forceinline__ bool tile_needs_mask(int n, int wg_row0, int seqlen_k) {
+// Tiles that can hold a masked score for this warpgroup's rows: past seqlen_k, or crossing the causal diagonal
+// (wg_diag: the diagonal of the warpgroup's first query row, query row + causal_offset).
+__device__ __forceinline__ bool tile_needs_mask(int n, int wg_diag, int seqlen_k) {
     const int col_end = (n + 1) * kBc;
-    return col_end > seqlen_k || (kCausal && col_end - 1 > wg_row0);
+    return col_end > seqlen_k || (kCausal && col_end - 1 > wg_diag);
 }
 
 __device__ __forceinline__ void softmax_any(bool mask, float (&s)[kSRegs], float (&m)[2], float (&l)[2],
-                                            float (&corr)[2], float scale_log2, int row0, int col0, int seqlen_k) {
+                                            float (&corr)[2], float scale_log2, int diag0, int diag1, int col0,
+                                            int seqlen_k) {
     if (mask)
-        softmax_tile<true>(s, m, l, corr, scale_log2, row0, col0, seqlen_k);
+        softmax_tile<true>(s, m, l, corr, scale_log2, diag0, diag1, col0, seqlen_k);
     else
-        softmax_tile<false>(s, m, l, corr, scale_log2, row0, col0, seqlen_k);
+        softmax_tile<false>(s, m, l, corr, scale_log2, diag0, diag1, col0, seqlen_k);
+}
+
+// Which query row and head a local row of a warpgroup's tile is (packed GQA: row r is query row r / G of head
+// head0 + r % G; else query row r of head0), and whether it exists (packed: only 64 / G · G rows are used).
+struct RowOf {
+    int qrow, head;
+    bool valid;
+};
+__device__ __forceinline__ RowOf row_of(const FlashFwdParams& p, int wg_q0, int head0, int r) {
+    RowOf out;
+    if constexpr (kPackGqa) {
+        const int g = group_size(p);
+        const int qr = kRowsPerWG / g;
+        const int i = r / g;
+        out.qrow = wg_q0 + i;
+        out.head = head0 + (r - i * g);
+        out.valid = i < qr && out.qrow < p.seqlen_q;
+    } else {
+        out.qrow = wg_q0 + r;
+        out.head = head0;
+        out.valid = out.qrow < p.seqlen_q;
+    }
+    return out;
+}
+
+// Packed GQA: the consumers load their own Q rows (from as many heads as the group has) into the warpgroup's slot in
+// the layout a 128B-swizzled TMA box would give (16-byte unit u of row r of a 64-column chunk at u ^ (r % 8)), zeros
+// for rows that do not exist; then a proxy fence, since wgmma reads shared memory through the async proxy.
+__device__ __forceinline__ void load_q_packed(const FlashFwdParams& p, uint32_t q_addr, int wg_q0, int head0,
+                                              int batch, int wg) {
+    constexpr int kUnitsPerRow = kHeadDim / 8;
+    const uint16_t* q = static_cast<const uint16_t*>(p.q) + batch * p.q_batch_stride;
+#pragma unroll 4
+    for (int i = threadIdx.x % 128; i < kRowsPerWG * kUnitsPerRow; i += 128) {
+        const int r = i / kUnitsPerRow, cu = i - r * kUnitsPerRow;
+        const int c = cu / 8, u = cu % 8;
+        const RowOf row = row_of(p, wg_q0, head0, r);
+        uint4 val = make_uint4(0u, 0u, 0u, 0u);
+        if (row.valid)
+            val = *reinterpret_cast<const uint4*>(q + row.head * p.q_head_stride +
+                                                  static_cast<long long>(row.qrow) * p.q_row_stride + cu * 8);
+        st_shared_v4(q_addr + c * (kRowsPerWG * kChunkRowBytes) + r * kChunkRowBytes + ((u ^ (r % 8)) * 16), val);
+    }
+    fence_proxy_async_shared();
+    named_bar_sync(kOStoreBarrier0 + wg, 128);
 }
 
 // Ping-pong turns: warpgroup w waits on barrier (1 + w) before issuing its GEMMs and, once issued, lets the
@@ -407,12 +464,18 @@ __device__ __forceinline__ void release_q(const Smem& sm, uint32_t slot) {
     if (threadIdx.x % 32 == 0) mbar_arrive(sm.q_empty(slot));
 }
 
+// head: the tile's head (packed GQA: the first head of its group); n_begin, n_end: the key tiles of this CTA's
+// split (all of them without split-KV); split: which one.
 __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm, int wg, int m0, int head,
-                                        int batch, int n_tiles, Ring& ring, uint32_t q_seq) {
+                                        int batch, int n_begin, int n_end, int split, Ring& ring, uint32_t q_seq) {
     const int tid = threadIdx.x % 128;
     const int warp = tid / 32, lane = tid % 32;
-    const int wg_row0 = m0 + wg * kRowsPerWG;          // first query row of this warpgroup
-    const int row0 = wg_row0 + warp * 16 + lane / 4;   // this thread's rows: row0 and row0 + 8
+    const int wg_q0 = m0 + wg * query_rows_per_wg(p);   // first query row of this warpgroup
+    const int local_row0 = warp * 16 + lane / 4;        // this thread's rows of the tile: local_row0 and + 8
+    // The last key each of the thread's rows may see under causal masking, and that of the warpgroup's first row.
+    const int diag0 = row_of(p, wg_q0, head, local_row0).qrow + p.causal_offset;
+    const int diag1 = row_of(p, wg_q0, head, local_row0 + 8).qrow + p.causal_offset;
+    const int wg_diag = wg_q0 + p.causal_offset;
     const uint32_t q_slot = q_slot_of(q_seq);
     const uint32_t q_addr = sm.q_slot(q_slot) + wg * kQWGBytes;
     const float scale_log2 = p.scale_log2;
@@ -432,7 +495,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     if constexpr (kPingPong) {
         if (wg == 1) named_bar_arrive(kPingPongBarrier0, kPingPongThreads);  // warpgroup 0 takes the first turn
     }
-    mbar_wait(sm.q_full(q_slot), q_parity_of(q_seq));
+    if constexpr (!kPackGqa) mbar_wait(sm.q_full(q_slot), q_parity_of(q_seq));
 
     int& stage = ring.stage;
     uint32_t& phase = ring.phase;
@@ -443,8 +506,8 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     // is loaded only once every warpgroup has released the previous one). Not under ping-pong, whose turns pair the
     // two warpgroups' GEMM issues one to one.
     if constexpr (!kPingPong) {
-        if (wg_row0 >= p.seqlen_q) {
-            for (int n = 0; n < n_tiles; ++n) {
+        if (wg_q0 >= p.seqlen_q) {
+            for (int n = n_begin; n < n_end; ++n) {
                 mbar_wait(sm.k_full(stage), phase);
                 release_k(sm, stage);
                 mbar_wait(sm.v_full(stage), phase);
@@ -455,8 +518,9 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             return;
         }
     }
+    if constexpr (kPackGqa) load_q_packed(p, q_addr, wg_q0, head, batch, wg);
     if constexpr (!kOverlap) {
-        for (int n = 0; n < n_tiles; ++n) {
+        for (int n = n_begin; n < n_end; ++n) {
             mbar_wait(sm.k_full(stage), phase);
             fence_regs(s);
             wgmma_fence();
@@ -465,7 +529,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             wgmma_wait<0>();
             fence_regs(s);
             release_k(sm, stage);
-            softmax_any(tile_needs_mask(n, wg_row0, p.seqlen_k), s, m, l, corr, scale_log2, row0, n * kBc,
+            softmax_any(tile_needs_mask(n, wg_diag, p.seqlen_k), s, m, l, corr, scale_log2, diag0, diag1, n * kBc,
                         p.seqlen_k);
             rescale_o(o, corr);
             convert_p(s, pf);
@@ -492,7 +556,8 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         wgmma_wait<0>();
         fence_regs(s);
         release_k(sm, stage);
-        softmax_any(tile_needs_mask(0, wg_row0, p.seqlen_k), s, m, l, corr, scale_log2, row0, 0, p.seqlen_k);
+        softmax_any(tile_needs_mask(n_begin, wg_diag, p.seqlen_k), s, m, l, corr, scale_log2, diag0, diag1,
+                    n_begin * kBc, p.seqlen_k);
         convert_p(s, pf);
 
         int prev_stage = stage;
@@ -502,7 +567,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         // path from the P·V wait to the next issue). o_rescale=before (FA3's order for head_dim > 128): O(n-2) is
         // multiplied by corr(n-1) right after S(n) is issued, under that GEMM, and P(n-1)·V(n-1) accumulates onto it.
         // Both apply every factor once; with P(0)·V(0) onto the zero O, the first factor never matters.
-        for (int n = 1; n < n_tiles; ++n) {
+        for (int n = n_begin + 1; n < n_end; ++n) {
             mbar_wait(sm.k_full(stage), phase);
             if constexpr (!kRescaleBefore) mbar_wait(sm.v_full(prev_stage), prev_phase);
             turns.begin();
@@ -524,7 +589,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             wgmma_wait<1>();  // S(n) is ready; P(n-1)·V(n-1) may still run under the softmax
             fence_regs(s);
             release_k(sm, stage);
-            softmax_any(tile_needs_mask(n, wg_row0, p.seqlen_k), s, m, l, corr, scale_log2, row0, n * kBc,
+            softmax_any(tile_needs_mask(n, wg_diag, p.seqlen_k), s, m, l, corr, scale_log2, diag0, diag1, n * kBc,
                         p.seqlen_k);
             wgmma_wait<0>();
             fence_regs(o);
@@ -565,7 +630,24 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     }
 
     using Elem = uint16_t;
-    Elem* o_base = reinterpret_cast<Elem*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+    if constexpr (kSplit) {
+        // This split's share: O normalised by its own row sum, and its logsumexp, both fp32, for flash_fwd_combine.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const RowOf row = row_of(p, wg_q0, head, local_row0 + 8 * h);
+            if (!row.valid) continue;
+            const long long r = ((static_cast<long long>(split) * p.batch + batch) * p.heads + row.head) *
+                                    p.seqlen_q + row.qrow;
+            float* dst = p.o_partial + r * kHeadDim + 2 * (lane % 4);
+#pragma unroll
+            for (int j = 0; j < kHeadDim / 8; ++j)
+                *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
+            if (lane % 4 == 0)
+                p.lse_partial[r] = l[h] > 0.f ? (m[h] + __log2f(l[h])) * 0.69314718055994531f : -CUDART_INF_F;
+        }
+        return;
+    }
+    Elem* o_base = reinterpret_cast<Elem*>(p.o) + batch * p.o_batch_stride;
     if constexpr (kOStoreSmem) {
         // Stage the 64 × D tile in this warpgroup's own Q slot (its last wgmma has completed, and no other
         // warpgroup reads it), then write whole 16-byte chunks per thread: rows become contiguous runs.
@@ -587,10 +669,12 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         for (int it = 0; it < kRowsPerWG * kChunksPerRow / 128; ++it) {
             const int idx = tid + it * 128;
             const int r = idx / kChunksPerRow, c = idx % kChunksPerRow;
-            const int row = wg_row0 + r;
-            if (row < p.seqlen_q) {
+            const RowOf row = row_of(p, wg_q0, head, r);
+            if (row.valid) {
                 const uint4 v = ld_shared_v4(q_addr + r * kORowBytes + ((c ^ (r % 8)) * 16));
-                st_global_v4(o_base + static_cast<long long>(row) * p.o_row_stride + c * 8, v);
+                st_global_v4(o_base + row.head * p.o_head_stride + static_cast<long long>(row.qrow) * p.o_row_stride +
+                                 c * 8,
+                             v);
             }
         }
         // Persistent: the staged O has been read back; the next tile's Q (a TMA write) may land in the slot. The
@@ -602,9 +686,10 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     } else {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int row = row0 + 8 * h;
-            if (row < p.seqlen_q) {
-                Elem* o_row = o_base + static_cast<long long>(row) * p.o_row_stride + 2 * (lane % 4);
+            const RowOf row = row_of(p, wg_q0, head, local_row0 + 8 * h);
+            if (row.valid) {
+                Elem* o_row = o_base + row.head * p.o_head_stride + static_cast<long long>(row.qrow) * p.o_row_stride +
+                              2 * (lane % 4);
 #pragma unroll
                 for (int j = 0; j < kHeadDim / 8; ++j)
                     *reinterpret_cast<uint32_t*>(o_row + 8 * j) =
@@ -615,11 +700,11 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     if (p.lse != nullptr && lane % 4 == 0) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int row = row0 + 8 * h;
-            if (row < p.seqlen_q) {
+            const RowOf row = row_of(p, wg_q0, head, local_row0 + 8 * h);
+            if (row.valid) {
                 // m is in log2 units with the scale folded in; the API wants the natural-log logsumexp.
                 const float lse = l[h] > 0.f ? (m[h] + __log2f(l[h])) * 0.69314718055994531f : -CUDART_INF_F;
-                p.lse[(static_cast<long long>(batch) * p.heads + head) * p.seqlen_q + row] = lse;
+                p.lse[(static_cast<long long>(batch) * p.heads + row.head) * p.seqlen_q + row.qrow] = lse;
             }
         }
     }
@@ -649,12 +734,34 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
         // Under causal masking the last query blocks have the most key tiles: launch them first so the long CTAs
         // do not end up as the tail of the grid.
         tile.m_block = kCausal ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
-        tile.head = blockIdx.y;
-        tile.batch = blockIdx.z;
+        // Packed GQA: blockIdx.y is the K/V head; the tile's rows start at the first query head of its group.
+        tile.head = kPackGqa ? static_cast<int>(blockIdx.y) * group_size(p) : static_cast<int>(blockIdx.y);
+        tile.batch = kSplit ? static_cast<int>(blockIdx.z) / kSplits : static_cast<int>(blockIdx.z);
     }
-    const int m0 = tile.m_block * kBr;
+    const int split = kSplit ? static_cast<int>(blockIdx.z) % kSplits : 0;
+    const int m0 = tile.m_block * kConsumerWGs * query_rows_per_wg(p);
     const int kv_head = tile.head / (p.heads / p.kv_heads);
     const int n_tiles = num_kv_tiles(p, m0);
+    // This CTA's share of the key tiles: split s of kSplits takes ceil(n_tiles / kSplits) of them. A split left with
+    // none (fewer tiles than splits, or a short causal block) writes lse = -inf for its rows, which flash_fwd_combine
+    // weighs 0 without reading its O, and exits before any barrier exists.
+    int n_begin = 0, n_end = n_tiles;
+    if constexpr (kSplit) {
+        const int per_split = (n_tiles + kSplits - 1) / kSplits;
+        n_begin = split * per_split;
+        n_end = min(n_tiles, n_begin + per_split);
+        if (n_begin >= n_end) {
+            const int tile_rows = kConsumerWGs * kRowsPerWG;
+            for (int r = threadIdx.x; r < tile_rows; r += kThreads) {
+                const int wg = r / kRowsPerWG;
+                const RowOf row = row_of(p, m0 + wg * query_rows_per_wg(p), tile.head, r - wg * kRowsPerWG);
+                if (row.valid)
+                    p.lse_partial[((static_cast<long long>(split) * p.batch + tile.batch) * p.heads + row.head) *
+                                      p.seqlen_q + row.qrow] = -CUDART_INF_F;
+            }
+            return;
+        }
+    }
     // Warp-uniform by construction, so the role branch below does not diverge inside a warp.
     const int warpgroup = __shfl_sync(0xffffffff, static_cast<int>(threadIdx.x) / 128, 0);
 
@@ -680,10 +787,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
         if (warpgroup == 0) {
             if constexpr (kSetMaxNReg) setmaxnreg_dec<kProducerRegs>();
             if (threadIdx.x == 0)
-                produce(p, sm, &tm_q, &tm_k, &tm_v, m0, tile.head, kv_head, tile.batch, n_tiles, ring, 0);
+                produce(p, sm, &tm_q, &tm_k, &tm_v, m0, tile.head, kv_head, tile.batch, n_begin, n_end, ring, 0);
         } else {
             if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
-            consume(p, sm, warpgroup - 1, m0, tile.head, tile.batch, n_tiles, ring, 0);
+            consume(p, sm, warpgroup - 1, m0, tile.head, tile.batch, n_begin, n_end, split, ring, 0);
         }
     } else {
         // Every role walks the same tile sequence; the mbarrier parities (ring, Q full/empty) carry across tiles.
@@ -692,14 +799,62 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
             if (threadIdx.x == 0)
                 for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_seq) {
                     produce(p, sm, &tm_q, &tm_k, &tm_v, work_m0, work.head, work.head / (p.heads / p.kv_heads),
-                            work.batch, num_kv_tiles(p, work_m0), ring, q_seq);
+                            work.batch, 0, num_kv_tiles(p, work_m0), ring, q_seq);
                 });
         } else {
             if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
             for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_seq) {
-                consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, num_kv_tiles(p, work_m0), ring,
+                consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, 0, num_kv_tiles(p, work_m0), 0, ring,
                         q_seq);
             });
         }
+    }
+}
+
+// Split-KV's second step: one warp per (batch, head, query row) merges the kSplits partial results,
+// O = Σ_s w_s O_s / Σ_s w_s with w_s = exp(lse_s - max lse), lse = max + log Σ w_s. Lane s holds split s's weight; a
+// split with lse = -inf (no key, or every key masked) weighs 0 and its O is never read (it may be unwritten). A row
+// no split saw gets O = 0 and lse = -inf, as the unsplit kernel writes. Launch: grid ceil(rows / 4), block 128;
+// a no-op in builds without splits (the loader never launches it there).
+extern "C" __global__ void __launch_bounds__(128) flash_fwd_combine(const __grid_constant__ FlashFwdParams p) {
+    if constexpr (kSplit) {
+        constexpr int kColsPerLane = kHeadDim / 32;
+        const long long rows = static_cast<long long>(p.batch) * p.heads * p.seqlen_q;
+        const long long row = static_cast<long long>(blockIdx.x) * 4 + threadIdx.x / 32;
+        if (row >= rows) return;
+        const int lane = threadIdx.x % 32;
+        const float lse_s = lane < kSplits ? p.lse_partial[lane * rows + row] : -CUDART_INF_F;
+        float mx = lse_s;
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, off));
+        const float w = lse_s == -CUDART_INF_F ? 0.f : __expf(lse_s - mx);
+        float sum = w;
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffff, sum, off);
+        float acc[kColsPerLane];
+#pragma unroll
+        for (int c = 0; c < kColsPerLane; ++c) acc[c] = 0.f;
+#pragma unroll
+        for (int s = 0; s < kSplits; ++s) {
+            const float ws = __shfl_sync(0xffffffff, w, s);
+            if (ws == 0.f) continue;
+            const float* src = p.o_partial + (s * rows + row) * kHeadDim + lane * kColsPerLane;
+#pragma unroll
+            for (int c = 0; c < kColsPerLane; c += 2) {
+                const float2 x = *reinterpret_cast<const float2*>(src + c);
+                acc[c] += ws * x.x;
+                acc[c + 1] += ws * x.y;
+            }
+        }
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        const int qrow = static_cast<int>(row % p.seqlen_q);
+        const long long bh = row / p.seqlen_q;
+        const int head = static_cast<int>(bh % p.heads), batch = static_cast<int>(bh / p.heads);
+        uint16_t* dst = reinterpret_cast<uint16_t*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
+                        static_cast<long long>(qrow) * p.o_row_stride + lane * kColsPerLane;
+#pragma unroll
+        for (int c = 0; c < kColsPerLane; c += 2)
+            *reinterpret_cast<uint32_t*>(dst + c) = pack2(acc[c] * inv, acc[c + 1] * inv);
+        if (p.lse != nullptr && lane == 0) p.lse[row] = sum > 0.f ? mx + __logf(sum) : -CUDART_INF_F;
     }
 }

@@ -9,6 +9,10 @@
 #error "wgmma family: build through space.defines(config, problem); a macro is missing"
 #endif
 
+#if !defined(AT_KV_SPLITS) || !defined(AT_PACK_GQA)
+#error "wgmma family: build through space.defines(config, problem); AT_KV_SPLITS or AT_PACK_GQA is missing"
+#endif
+
 namespace sm90 {
 
 // ---- problem ----------------------------------------------------------------------------------------------------
@@ -35,6 +39,16 @@ constexpr bool kRescaleBefore = AT_O_RESCALE_BEFORE != 0;
 constexpr int kScheduler = AT_SCHEDULER;
 constexpr bool kSchedLpt = kScheduler == 1;
 constexpr bool kPersistent = kScheduler == 2;
+// Split-KV: the key range of one (query block, head, batch) is cut into kSplits parts, one CTA each (grid.z =
+// batch × kSplits); each writes fp32 partials and flash_fwd_combine merges them with their logsumexp weights. Puts
+// enough CTAs on the SMs when batch × heads × query blocks is small (decode against a long cache).
+constexpr int kSplits = AT_KV_SPLITS;
+constexpr bool kSplit = kSplits > 1;
+// Packed GQA: the heads/kv_heads query heads that share one K/V head are the rows of one tile (local row r is query
+// row r / G of head r % G, G = heads / kv_heads), grid.y runs over K/V heads: a decode step reads each K/V tile once
+// per K/V head instead of once per query head, and wgmma's 64 rows are filled by heads. Q is then loaded by the
+// consumers (a row's heads are not one TMA box dimension), not by TMA.
+constexpr bool kPackGqa = AT_PACK_GQA != 0;
 
 // ---- derived ----------------------------------------------------------------------------------------------------
 constexpr int kRowsPerWG = 64;                 // the M of wgmma
@@ -108,6 +122,12 @@ static_assert(!kSetMaxNReg || kConsumerWGs >= 2,
 static_assert(!kSetMaxNReg || kMinBlocks == 1,
               "setmaxnreg_one_block: register reallocation needs __launch_bounds__(threads, 1)");
 static_assert(kScheduler >= 0 && kScheduler <= 2, "scheduler_known: AT_SCHEDULER is 0 grid, 1 lpt or 2 persistent");
+static_assert(kSplits >= 1 && kSplits <= 32,
+              "kv_splits_range: 1 to 32 key splits (flash_fwd_combine gives each split one lane of a warp)");
+static_assert(!(kSplit || kPackGqa) || kScheduler == 0,
+              "split_pack_need_grid: kv_splits > 1 and pack_gqa index tiles by the grid (blockIdx.y, blockIdx.z)");
+static_assert(!kSplit || !kOStoreSmem,
+              "kv_splits_store_direct: split partials are fp32, written from the accumulators (o_store=direct)");
 static_assert(kThreads <= 1024, "threads_per_block: at most 1024 threads per block");
 static_assert(kThreads * kMinBlocks <= 2048, "threads_per_sm: THREADS × MIN_BLOCKS must fit the SM's thread slots");
 static_assert(kSmemStatic <= 48 * 1024, "static_smem_limit: static shared memory is limited to 48 KB");
