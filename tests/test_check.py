@@ -23,7 +23,7 @@ def fake_runner(write, problem: Problem = PROBLEM) -> KernelRunner:
     runner = KernelRunner.__new__(KernelRunner)  # no cubin: run() is the test's function
     runner.problem = problem
     runner.layout = space.Layout(threads=128, smem_static=0, smem_dynamic=0, rows_per_block=64)
-    runner.run = lambda q, k, v, o, lse=None, scale=None: write(q, k, v, o, lse)
+    runner.run = lambda q, k, v, o, lse=None, scale=None, causal_align="upper_left": write(q, k, v, o, lse)
     return runner
 
 

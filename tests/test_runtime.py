@@ -411,7 +411,7 @@ def test_warm_calls_reuse_the_prepared_launch_and_only_swap_pointers(monkeypatch
     class FakeRunner:
         extra_args = ()
 
-        def prepare(self, q, k, v, o, lse=None, scale=None):
+        def prepare(self, q, k, v, o, lse=None, scale=None, causal_align="upper_left"):
             self.prepared = getattr(self, "prepared", 0) + 1
             params = launch_params.make_params(q, k, v, o, lse, scale, require_cuda=False)
             launch = loader.Launch(kernel=FakeKernel(), params=params, grid=(1, 8, 2), block=(128, 1, 1),
@@ -476,7 +476,7 @@ def test_extra_kernel_arguments_are_encoded_for_each_calls_tensors(monkeypatch):
         config = "a wgmma config"
         prepared = 0
 
-        def prepare(self, q, k, v, o, lse=None, scale=None):
+        def prepare(self, q, k, v, o, lse=None, scale=None, causal_align="upper_left"):
             FakeRunner.prepared += 1
             params = launch_params.make_params(q, k, v, o, lse, scale, require_cuda=False)
             return loader.Launch(kernel=FakeKernel(), params=params, grid=(1, 1, 1), block=(384, 1, 1),
@@ -549,7 +549,8 @@ def test_good_inputs_pass_including_strided_bnhd_and_gqa():
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    ({"causal": 1}, TypeError, r"^causal: expected True or False"),
+    ({"causal": 1}, TypeError, r"^causal: expected one of \(False, True, 'upper_left', 'lower_right'\)"),
+    ({"causal": "lower_left"}, TypeError, r"^causal: expected one of"),
     ({"return_lse": "yes"}, TypeError, r"^return_lse: expected True or False"),
     ({"scale": True}, TypeError, r"^scale: expected a float or None"),
     ({"scale": "0.1"}, TypeError, r"^scale: expected a float or None"),
@@ -612,7 +613,7 @@ def test_fullgraph_compile_traces_one_op_call():
         out, lse = torch.compile(f, backend=capture, fullgraph=True)(q, k, v)
     assert out.shape == q.shape and lse.shape == q.shape[:3]
     calls = [n for n in graphs[0].graph.nodes if n.target is torch.ops.autotune.flash_attention_fwd.default]
-    assert len(calls) == 1 and calls[0].args[3:] == (True, 0.5, True)
+    assert len(calls) == 1 and calls[0].args[3:] == (True, 0.5, True, "upper_left")
 
 
 def test_eager_calls_skip_the_dispatcher_only_for_plain_tensors(monkeypatch):

@@ -69,6 +69,14 @@ LADDER = tuple(Config.make("wgmma", **d) for d in (
          o_rescale="before"),
     dict(consumer_wgs=3, bc=128, stages=4, setmaxnreg=True, overlap=True, pingpong=False, o_store="smem", min_blocks=1,
          o_rescale="before"),
+    # the decode axes on prefill shapes too (every split count is in tests/test_decode_gpu.py): packed GQA heads with
+    # splits, splits under ping-pong, packed heads across three warpgroups without overlap
+    dict(consumer_wgs=1, bc=128, stages=3, setmaxnreg=False, overlap=True, pingpong=False, o_store="direct", min_blocks=1,
+         kv_splits=3, pack_gqa=True),
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="direct", min_blocks=1,
+         kv_splits=2),
+    dict(consumer_wgs=3, bc=64, stages=3, setmaxnreg=True, overlap=False, pingpong=False, o_store="smem", min_blocks=1,
+         pack_gqa=True),
 ))
 PROBLEMS = tuple(Problem(d, dtype, causal) for d in (64, 128) for dtype in space.DTYPES for causal in (False, True))
 
@@ -112,6 +120,8 @@ def test_ladder_covers_every_axis_value():
         seen = {getattr(c, axis.name) for _, c in PLAN}
         if axis.name == "bc":
             assert len(seen) >= 5, seen
+        elif axis.name == "kv_splits":  # every value: tests/test_decode_gpu.py
+            assert len(seen) >= 3, seen
         else:
             assert seen == set(axis.values), (axis.name, seen)
 

@@ -11,5 +11,5 @@ May import: build, launch (and space/).
 
 Public names: evaluate.evaluate, Evaluation, sdpa_baselines, context_alive; child_process.Evaluator, Worker,
 EvalOutcome, EvaluatorError, WorkerStartError, DEFAULT_EVALUATOR; check.check, make_inputs;
-timing.bench, Timing; reference.reference_attention; peer_fa4.fa4_timing, PeerUnavailable; interrupts.critical, deferred_interrupts, exit_with_parent.
+timing.bench, timing.bench_graph, Timing; reference.reference_attention; peer_fa4.fa4_timing, PeerUnavailable; interrupts.critical, deferred_interrupts, exit_with_parent.
 """

@@ -27,7 +27,11 @@ from space import Shape
 from ..launch.loader import KernelRunner, as_runner
 from .reference import reference_attention
 
-LAYOUTS = ("bhnd", "bnhd")
+# bhnd / bnhd: (B, H, N, D) storage or (B, N, H, D) seen through a transpose; cache: q bhnd, k and v a slice of a
+# longer preallocated (B, Hkv, N + CACHE_SLACK_ROWS, D) cache starting CACHE_OFFSET_ROWS in, as servers pass them.
+LAYOUTS = ("bhnd", "bnhd", "cache")
+CACHE_OFFSET_ROWS = 3
+CACHE_SLACK_ROWS = 61
 ULP_AT_ONE = {"fp16": 2.0**-10, "bf16": 2.0**-7}
 TOLERANCE_FACTOR = 2.0
 TORCH_ERROR_CAP_ULPS = 16
@@ -63,12 +67,12 @@ def torch_dtype(name: str):
 def _physical(batch: int, heads: int, seqlen: int, head_dim: int, layout: str) -> tuple[int, int, int, int]:
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
-    return (batch, heads, seqlen, head_dim) if layout == "bhnd" else (batch, seqlen, heads, head_dim)
+    return (batch, seqlen, heads, head_dim) if layout == "bnhd" else (batch, heads, seqlen, head_dim)
 
 
 def _logical(t, layout: str):
     """(B, N, H, D) storage seen as (B, H, N, D): strides become non-standard, no copy."""
-    return t if layout == "bhnd" else t.transpose(1, 2)
+    return t.transpose(1, 2) if layout == "bnhd" else t
 
 
 def make_inputs(shape: Shape, layout: str = "bhnd", seed: int = 0, device=None):
@@ -83,6 +87,14 @@ def make_inputs(shape: Shape, layout: str = "bhnd", seed: int = 0, device=None):
         phys = _physical(shape.batch, heads, seqlen, shape.head_dim, layout)
         return _logical(torch.randn(phys, generator=gen, device=device, dtype=dtype), layout)
 
+    def cache_slice(heads, seqlen):
+        full = torch.randn((shape.batch, heads, seqlen + CACHE_SLACK_ROWS, shape.head_dim), generator=gen,
+                           device=device, dtype=dtype)
+        return full[:, :, CACHE_OFFSET_ROWS:CACHE_OFFSET_ROWS + seqlen]
+
+    if layout == "cache":
+        return (randn(shape.heads, shape.seqlen_q), cache_slice(shape.kv_heads, shape.seqlen_k),
+                cache_slice(shape.kv_heads, shape.seqlen_k))
     return randn(shape.heads, shape.seqlen_q), randn(shape.kv_heads, shape.seqlen_k), randn(shape.kv_heads, shape.seqlen_k)
 
 
@@ -117,7 +129,7 @@ class _Guarded:
         return int((~intact).sum())
 
 
-def _torch_sdpa(q, k, v, causal: bool, scale: float | None):
+def _torch_sdpa(q, k, v, causal: bool, scale: float | None, causal_align: str = "upper_left"):
     import torch
     import torch.nn.functional as F
 
@@ -125,11 +137,15 @@ def _torch_sdpa(q, k, v, causal: bool, scale: float | None):
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     with torch.no_grad():
+        if causal and causal_align == "lower_right":
+            nq, nk = q.shape[2], k.shape[2]
+            keep = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(nk - nq)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale)
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
 
 def check(build, shape: Shape, seed: int | None = None, layout: str = "bhnd", check_lse: bool = False,
-          scale: float | None = None, device=None) -> CheckResult:
+          scale: float | None = None, device=None, causal_align: str = "upper_left") -> CheckResult:
     """Run `build` (a BuildResult or KernelRunner) on `shape` and judge it; see the module docstring.
 
     `device` defaults to the current CUDA device (another device only makes sense for a test double of the
@@ -145,9 +161,10 @@ def check(build, shape: Shape, seed: int | None = None, layout: str = "bhnd", ch
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     q, k, v = make_inputs(shape, layout, seed, device)
 
-    ref_out, ref_lse = reference_attention(q, k, v, causal=shape.causal, scale=scale)
-    torch_out = _torch_sdpa(q, k, v, shape.causal, scale)
-    torch_error = float((torch_out.float() - ref_out).abs().max())
+    ref_out, ref_lse = reference_attention(q, k, v, causal=shape.causal, scale=scale, causal_align=causal_align)
+    torch_out = _torch_sdpa(q, k, v, shape.causal, scale, causal_align)
+    # SDPA returns NaN for rows that see no key (lower-right with Nq > Nk); those rows say nothing of its precision
+    torch_error = float(torch.nan_to_num((torch_out.float() - ref_out).abs(), nan=0.0).max())
     del torch_out
 
     # Guard zones one block of query rows long, in either layout's row stride (heads·head_dim covers both).
@@ -162,7 +179,7 @@ def check(build, shape: Shape, seed: int | None = None, layout: str = "bhnd", ch
     def run(poison: float):
         for b in bufs:
             b.poison(poison)
-        runner.run(q, k, v, o_buf.tensor, lse_buf.tensor if lse_buf else None, scale)
+        runner.run(q, k, v, o_buf.tensor, lse_buf.tensor if lse_buf else None, scale, causal_align)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         damage = sum(b.guard_damage(poison) for b in bufs)
@@ -184,8 +201,11 @@ def check(build, shape: Shape, seed: int | None = None, layout: str = "bhnd", ch
     if check_lse:
         lse_written = lse2[0] != SENTINEL
         unwritten += int((~lse_written).sum())
-        nan_count += int((lse_written & ~(torch.isfinite(lse1[0]) & torch.isfinite(lse2[0]))).sum())
-        lse_ok = torch.isfinite(lse1[0]) & lse_written
+        # a row that sees no key has lse = -inf in the reference, and must have exactly that in ours
+        empty_row = torch.isneginf(ref_lse)
+        empty_ok = empty_row & torch.isneginf(lse1[0]) & torch.isneginf(lse2[0])
+        nan_count += int((lse_written & ~empty_ok & ~(torch.isfinite(lse1[0]) & torch.isfinite(lse2[0]))).sum())
+        lse_ok = torch.isfinite(lse1[0]) & lse_written & ~empty_row
         nondeterministic += int((lse_ok & torch.isfinite(lse2[0]) & (lse1[0] != lse2[0])).sum())
         lse_diff = (lse1[0] - ref_lse).abs()
         lse_error = float(torch.where(lse_ok, lse_diff, torch.zeros_like(lse_diff)).max())

@@ -28,10 +28,12 @@ def _full_fp32_matmul():
 
 
 def reference_attention(q, k, v, causal: bool = False, scale: float | None = None,
-                        chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+                        chunk_bytes: int = DEFAULT_CHUNK_BYTES, causal_align: str = "upper_left"):
     """q (B, H, Nq, D), k/v (B, Hk, Nk, D), any dtype and strides -> (out fp32 (B, H, Nq, D), lse fp32 (B, H, Nq)).
 
-    lse is the natural-log logsumexp of the scaled (and masked) scores of each query row.
+    lse is the natural-log logsumexp of the scaled (and masked) scores of each query row. Causal masks hide key j
+    from query i when j > i (causal_align "upper_left") or j > i + Nk - Nq ("lower_right"); a row that sees no key
+    gets out = 0 and lse = -inf (the kernels' convention; SDPA returns NaN there).
     """
     import torch
 
@@ -46,8 +48,11 @@ def reference_attention(q, k, v, causal: bool = False, scale: float | None = Non
     out = torch.empty((batch, heads, seqlen_q, head_dim), dtype=torch.float32, device=q.device)
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
     masked = None
-    if causal:  # top-left: key j is hidden from query i when j > i
-        masked = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device).triu(1)
+    if causal:  # key j is hidden from query i when j > i + offset (0 top-left, Nk - Nq bottom-right)
+        if causal_align not in ("upper_left", "lower_right"):
+            raise ValueError(f"causal_align: expected 'upper_left' or 'lower_right', got {causal_align!r}")
+        offset = seqlen_k - seqlen_q if causal_align == "lower_right" else 0
+        masked = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device).triu(1 + offset)
 
     pairs = batch * heads
     per_chunk = max(1, chunk_bytes // (4 * seqlen_q * seqlen_k))
@@ -63,6 +68,8 @@ def reference_attention(q, k, v, causal: bool = False, scale: float | None = Non
                 scores.masked_fill_(masked, float("-inf"))
             row_lse = torch.logsumexp(scores, dim=-1)              # (n, Nq)
             probs = scores.sub_(row_lse.unsqueeze(-1)).exp_()      # softmax, in place
+            if masked is not None:
+                probs.nan_to_num_(nan=0.0)  # rows with every key masked: -inf - -inf
             out[b, h] = torch.matmul(probs, vc)
             lse[b, h] = row_lse
             del scores, probs

@@ -6,6 +6,7 @@ hiccup can move. The number of reps follows from a short estimate so each call c
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -99,3 +100,58 @@ def bench(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 100, 
         one_rep(pair)
     torch.cuda.synchronize(device)
     return summarize(s.elapsed_time(e) for s, e in timed)
+
+
+GRAPH_MAX_CALLS = 16      # calls captured per graph (at most): one replay's launch cost spread over many kernels
+GRAPH_TARGET_MS = 1.0     # ... fewer when that many calls already last this long (a replay of a 4 ms kernel)
+GRAPH_REPLAYS = 15        # timed replays (median taken), after two untimed ones
+
+
+def bench_graph(fns: list[Callable[[], object]], calls: int | None = None, replays: int = GRAPH_REPLAYS,
+                device=None) -> Timing:
+    """Per-call time of fns captured in one CUDA graph, as a server replays a decode step: the graph holds `calls`
+    calls cycling through fns (give several fns over distinct input copies whose bytes together exceed L2, so no
+    call finds its inputs cached by the previous one), and each replay is timed with CUDA events; the Timing is
+    per call (replay time / calls). Kernels of a few µs are the case: an eager loop would time the host's launch
+    path instead (≈ tens of µs per call for every backend). fns must be capturable: only enqueue GPU work, with no
+    host sync or allocation outside torch's caching allocator. `calls` defaults to whole rounds of fns, up to
+    GRAPH_MAX_CALLS calls or GRAPH_TARGET_MS of GPU time per replay, whichever is fewer."""
+    import torch
+
+    if not fns:
+        raise ValueError("fns: expected at least one callable")
+    if device is None:
+        device = torch.cuda.current_device()
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):  # warm up outside the capture (first launches, allocator pools)
+        for fn in fns:
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for fn in fns:
+            fn()
+        end.record()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    if calls is None:  # enough calls for GRAPH_TARGET_MS per replay, whole rounds of fns, at least one round
+        per_call = max(start.elapsed_time(end) / len(fns), 1e-3)
+        rounds = max(1, min(GRAPH_MAX_CALLS, math.ceil(GRAPH_TARGET_MS / per_call)) // len(fns))
+        calls = rounds * len(fns)
+    n = calls
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(n):
+            fns[i % len(fns)]()
+    for _ in range(2):
+        graph.replay()
+    torch.cuda.synchronize(device)
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize(device)
+        times.append(start.elapsed_time(end) / n)
+    return summarize(times)

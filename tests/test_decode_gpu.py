@@ -1,0 +1,147 @@
+"""Correctness matrix of the decode axes of the wgmma family (split-KV, packed GQA heads) and of both causal
+alignments, on a Hopper GPU, through the project's build → load → check path (autotune.measure.check in a
+child process, so a fault or hang fails one test, not the matrix).
+
+Configs: every kv_splits value, with and without packed heads, one consumer warpgroup streaming K/V (the decode
+default's shape; d256 with 64-key tiles to fit shared memory), plus each problem's decode default.
+Cases: seqlen_q 1-16 against seqlen_k 1 to 128k (odd lengths, one tile, more splits than tiles), GQA ratios 1, 2, 4
+and 8, causal masks aligned top-left and bottom-right (including more queries than keys: rows that see no key),
+K/V slices of a longer preallocated cache, (B,N,H,D) strides, logsumexp. The output is poisoned before each run
+(autotune.measure.check).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import zlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import space  # noqa: E402
+from space import Config, Problem, Shape  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+IS_HOPPER = HAS_CUDA and torch.cuda.get_device_capability(0) == (9, 0)
+ARCH = space.get_arch("sm_90")
+CHECK_TIMEOUT_S = 120
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    shape: Shape  # head_dim, dtype and causal are replaced by the problem's
+    layout: str
+    lse: bool
+    causal_align: str = "upper_left"
+
+
+CASES = (
+    Case("q1-k1-gqa8", Shape(batch=2, heads=16, kv_heads=2, seqlen_q=1, seqlen_k=1), "bhnd", lse=True),
+    Case("q1-k130-gqa4", Shape(batch=3, heads=8, kv_heads=2, seqlen_q=1, seqlen_k=130), "cache", lse=True),
+    Case("q1-k4099-gqa4-cache", Shape(batch=2, heads=32, kv_heads=8, seqlen_q=1, seqlen_k=4099), "cache", lse=True,
+         causal_align="lower_right"),
+    Case("q1-k131072-gqa8", Shape(batch=1, heads=8, kv_heads=1, seqlen_q=1, seqlen_k=131072), "bhnd", lse=True),
+    Case("q4-k1000-gqa8-cache-lr", Shape(batch=2, heads=16, kv_heads=2, seqlen_q=4, seqlen_k=1000), "cache",
+         lse=True, causal_align="lower_right"),
+    Case("q7-k300-gqa2-lr", Shape(batch=1, heads=4, kv_heads=2, seqlen_q=7, seqlen_k=300), "bhnd", lse=True,
+         causal_align="lower_right"),
+    Case("q16-k4096-mha-bnhd-lr", Shape(batch=2, heads=4, seqlen_q=16, seqlen_k=4096), "bnhd", lse=True,
+         causal_align="lower_right"),
+    Case("q16-k5-gqa4-lr", Shape(batch=1, heads=8, kv_heads=2, seqlen_q=16, seqlen_k=5), "bhnd", lse=True,
+         causal_align="lower_right"),
+    Case("q3-k100-gqa2-ul", Shape(batch=2, heads=4, kv_heads=2, seqlen_q=3, seqlen_k=100), "bhnd", lse=True),
+    Case("q100-k777-gqa4-lr", Shape(batch=1, heads=8, kv_heads=2, seqlen_q=100, seqlen_k=777), "bnhd", lse=True,
+         causal_align="lower_right"),
+)
+
+PROBLEMS = tuple(Problem(d, dt, c) for d in space.HEAD_DIMS for dt in space.DTYPES for c in (False, True))
+# (kv_splits, pack_gqa): every split count once, packing on most of them (decode's case) and off on some.
+SPLITS_PACK = ((1, True), (2, False), (3, True), (4, True), (6, False), (8, True), (12, True), (16, False),
+               (24, True), (32, True))
+
+
+def decode_config(problem: Problem, splits: int, pack: bool) -> Config:
+    bc, stages = (64, 2) if problem.head_dim == 256 else (128, 3)
+    return Config.make("wgmma", consumer_wgs=1, bc=bc, stages=stages, setmaxnreg=False, overlap=True, pingpong=False,
+                       o_store="direct", min_blocks=1, scheduler="grid", kv_splits=splits, pack_gqa=pack)
+
+
+def plan_for(problem: Problem) -> list[Config]:
+    configs = [decode_config(problem, s, p) for s, p in SPLITS_PACK]
+    configs += [space.default_config_for_shape(Shape(batch=b, heads=32, kv_heads=8, seqlen_q=1, seqlen_k=n,
+                                                     head_dim=problem.head_dim, dtype=problem.dtype,
+                                                     causal=problem.causal), ARCH)
+                for b, n in ((1, 4096), (32, 4096))]
+    # two consumer warpgroups ping-ponging over a split range, and packed heads with O staged in shared memory
+    configs.append(Config.make("wgmma", consumer_wgs=2, bc=64 if problem.head_dim == 256 else 128, stages=2,
+                               setmaxnreg=True, overlap=True, pingpong=True, o_store="direct", min_blocks=1,
+                               kv_splits=4, pack_gqa=True))
+    configs.append(Config.make("wgmma", consumer_wgs=1, bc=64, stages=2, setmaxnreg=False, overlap=False,
+                               pingpong=False, o_store="smem", min_blocks=1, pack_gqa=True))
+    valid = [c for c in dict.fromkeys(configs) if space.is_valid(c, problem, ARCH)]
+    return valid
+
+
+PLAN = tuple((p, c) for p in PROBLEMS for c in plan_for(p))
+
+
+def _short(config: Config) -> str:
+    return "-".join(str(v if not isinstance(v, bool) else int(v)) for _, v in config.values)
+
+
+# ---- CPU: the design of the matrix ----------------------------------------------------------------------------
+
+def test_plan_covers_every_split_count_and_both_packings_at_every_head_dim():
+    for d in space.HEAD_DIMS:
+        here = [c for p, c in PLAN if p.head_dim == d]
+        assert {c.kv_splits for c in here} == set(space.wgmma.KV_SPLITS), d
+        assert {c.pack_gqa for c in here} == {False, True}, d
+
+
+def test_cases_cover_the_decode_corners():
+    assert {c.shape.seqlen_q for c in CASES} >= {1, 4, 16}
+    assert {c.shape.heads // c.shape.kv_heads for c in CASES} >= {1, 2, 4, 8}
+    assert {c.causal_align for c in CASES} == {"upper_left", "lower_right"}
+    assert any(c.shape.seqlen_q > c.shape.seqlen_k for c in CASES)  # rows that see no key
+    assert max(c.shape.seqlen_k for c in CASES) >= 128 * 1024
+    assert "cache" in {c.layout for c in CASES}
+
+
+# ---- GPU ------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    from autotune.build.builder import Builder
+
+    cache = os.environ.get("AUTOTUNE_TEST_CACHE_DIR") or tmp_path_factory.mktemp("kernel-cache")
+    results = Builder(ARCH, cache_dir=cache, jobs=os.cpu_count()).build([(c, p) for p, c in PLAN])
+    return {(r.problem, r.config): r for r in results}
+
+
+@pytest.fixture(scope="module")
+def worker():
+    from autotune.measure.child_process import Worker
+
+    w = Worker(warmup=("torch.cuda:init", ()))
+    yield w
+    w.stop()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("problem,config", PLAN, ids=[f"{p.key}-{_short(c)}" for p, c in PLAN])
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_HOPPER, reason="needs a Hopper (sm_90) GPU")
+def test_decode_axes_match_reference(builds, worker, problem, config, case):
+    build = builds[(problem, config)]
+    assert build.ok, f"{config.key} for {problem.key} did not build: {build.error}"
+    assert not build.spilled, f"{config.key} for {problem.key} spills: {build.report}"
+    shape = dataclasses.replace(case.shape, head_dim=problem.head_dim, dtype=problem.dtype, causal=problem.causal)
+    seed = zlib.crc32(f"{problem.key}/{config.key}/{case.name}".encode())
+    result = worker.call("autotune.measure.check:check", build, shape, seed, case.layout, case.lse, None, None,
+                         case.causal_align, timeout=CHECK_TIMEOUT_S)
+    assert result.ok, f"autotune.measure.check:check {result.status}: {result.reason}"
+    check = result.value
+    assert check.ok, f"{config.key} on {shape.key} ({case.layout}, {case.causal_align}, seed {seed}): {check.message}"
+    assert check.unwritten == 0 and check.nan_count == 0 and check.out_of_bounds == 0
