@@ -184,7 +184,7 @@ def device_rates_tbs() -> tuple[float, float]:
     copy_us = graph_us([lambda: dst.copy_(src)])
     big = torch.ones(1 << 29, dtype=torch.float32, device="cuda")
     acc = torch.empty((), dtype=torch.float32, device="cuda")
-    read_us = graph_us([lambda: torch.sum(big, out=acc)])
+    read_us = graph_us([lambda: torch.sum(big, dim=0, out=acc)])
     return 2 * src.numel() / (copy_us * 1e-6) / 1e12, big.numel() * 4 / (read_us * 1e-6) / 1e12
 
 
