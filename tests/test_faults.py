@@ -13,6 +13,7 @@ waited for) rather than by sleeps and luck.
                                                 test_deaths_before_evaluation_requeue_without_counting_and_are_bounded
     late tell                                   test_distributed.py: test_a_result_told_after_another_process_...
     SQLite: one search process per study        test_a_second_search_on_a_sqlite_study_is_refused_until_the_first_dies,
+                                                test_one_sqlite_study_reached_through_a_hard_link_is_still_one_search,
                                                 test_two_searches_on_one_sqlite_study_time_nothing_twice
     transient storage errors retried            test_a_database_restart_mid_search_is_ridden_out,
                                                 test_a_tell_committed_just_before_its_connection_broke_is_not_told_twice
@@ -109,6 +110,25 @@ def test_a_second_search_on_a_sqlite_study_is_refused_until_the_first_dies(tmp_p
         if holder.poll() is None:
             holder.kill()
     assert run_search(options(url, build_cache_dir, trials=1)).evaluated == 1
+
+
+def test_one_sqlite_study_reached_through_a_hard_link_is_still_one_search(tmp_path, build_cache_dir, double):
+    # The same file under two names in two directories: the lock is the file's (st_dev, st_ino), not its path's.
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    first, second = tmp_path / "a" / "s.db", tmp_path / "b" / "linked.db"
+    enqueue(f"sqlite:///{first}", [A])
+    os.link(first, second)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, f"sqlite:///{first}", "d"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(coordination.StudyBusyError, match=f"pid {holder.pid}"):
+            run_search(options(f"sqlite:///{second}", build_cache_dir, trials=1))
+        assert double.calls() == []  # refused before any trial was touched
+    finally:
+        holder.kill()
+        holder.wait(30)
+    assert run_search(options(f"sqlite:///{second}", build_cache_dir, trials=1)).evaluated == 1
 
 
 def test_two_searches_on_one_sqlite_study_time_nothing_twice(tmp_path, build_cache_dir, double):

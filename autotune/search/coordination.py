@@ -56,6 +56,7 @@ REFRESH_SECONDS = 0.5    # how stale this process's view of the other processes 
 # A trial seen RUNNING elsewhere for longer than this is not waited for (see the residual window below): no trial
 # of ours runs that long (nvcc's limit is 10 min, an evaluation's a few), even queued behind a batch.
 STUCK_SECONDS = 2 * 3600
+LOCK_DIR_ENV = "AUTOTUNE_LOCK_DIR"  # this host's lock files (lock_dir): default the system temp dir
 
 
 def is_shared(url: str) -> bool:
@@ -229,20 +230,49 @@ class StudyBusyError(ValueError):
 
 
 class StudyLock:
-    """A SQLite study's one search process, enforced: an exclusive flock on a file beside the database, taken
-    before the study is touched and held until the search ends. The kernel drops it when its holder dies (kill
-    -9, power), so a crashed run never blocks the next one, and that next run may fail the dead run's RUNNING
-    trials (Solo.start) knowing nobody is finishing them. Without it, two searches on one SQLite study time
-    configs twice, overshoot the budget, fail each other's live trials as a dead run's and crash on "database is
-    locked"."""
+    """A SQLite study's one search process, enforced: an exclusive flock, taken before the study is touched and
+    held until the search ends. The kernel drops it when its holder dies (kill -9, power), so a crashed run never
+    blocks the next one, and that next run may fail the dead run's RUNNING trials (Solo.start) knowing nobody is
+    finishing them. Without it, two searches on one SQLite study time configs twice, overshoot the budget, fail
+    each other's live trials as a dead run's and crash on "database is locked".
+
+    The lock is keyed on the database file's identity (st_dev, st_ino), not on the path it was named by: a hard
+    link, a symlink or a bind mount reaches the same study through another path, and a path-keyed lock let two
+    searches run on it at once. Two lock files, both named by that identity: one beside the path (seen by every
+    host and container that sees the file there) and one in the host's lock directory ($AUTOTUNE_LOCK_DIR or the
+    temp dir, where the GPU locks are: seen through every path to the file on this host). A missing database file
+    is created empty first (SQLite takes an empty file for an empty database), so that it has an identity."""
 
     def __init__(self, url: str, study_name: str):
         from ..store.storage_url import describe, sqlite_path
 
         db = sqlite_path(url).expanduser().resolve()
+        os.close(os.open(db, os.O_RDWR | os.O_CREAT, 0o666))  # exists now (empty if new), so it has an identity
+        identity = os.stat(db)
         safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", study_name)
-        self.path = db.parent / f".{db.name}.{safe}.lock"  # hidden, next to the file it guards
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        name = f".autotune-{identity.st_dev:x}-{identity.st_ino:x}.{safe}.lock"
+        self.paths = [db.parent / name, lock_dir() / name.lstrip(".")]
+        self.path = self.paths[0]
+        self._fds: list[int] = []
+        try:
+            for path in self.paths:
+                self._fds.append(self._take(path, url, study_name, describe))
+        except BaseException:
+            self.release()
+            raise
+        for fd in self._fds:
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+            except OSError:  # opened read-only (_take): the lock holds; the holder's name is not written
+                pass
+
+    @staticmethod
+    def _take(path, url: str, study_name: str, describe) -> int:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError:  # another user's lock file (a shared temp dir): flock needs only read access
+            fd = os.open(path, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -255,14 +285,22 @@ class StudyLock:
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
-        self._fd: int | None = fd
+        return fd
 
     def release(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)  # closing drops the flock; the file stays (deleting it would race with a new holder)
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)  # closing drops the flock; the files stay (deleting one would race with a new holder)
+
+
+def lock_dir():
+    """This host's directory of lock files: the study locks' second files and the GPU locks (distributed.GpuLock)."""
+    from pathlib import Path
+    import tempfile
+
+    directory = Path(os.environ.get(LOCK_DIR_ENV) or tempfile.gettempdir())
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
 
 
 def lock_study(url: str, study_name: str) -> StudyLock | None:
@@ -463,5 +501,5 @@ def for_storage(rdb, url: str, log: Callable[[str], None] = print):
 
 
 __all__ = ["DEFAULT_GRACE", "DEFAULT_HEARTBEAT", "Heartbeat", "MINE", "REFRESH_SECONDS", "Shared", "Solo",
-           "StudyBusyError", "StudyLock", "Verdict", "for_storage", "is_shared", "lock_study", "make_storage",
+           "LOCK_DIR_ENV", "StudyBusyError", "StudyLock", "lock_dir", "Verdict", "for_storage", "is_shared", "lock_study", "make_storage",
            "reset_connections", "retrying_storage"]

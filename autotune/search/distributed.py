@@ -36,12 +36,10 @@ import os
 import pickle
 import re
 import signal
-import tempfile
 import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import optuna
@@ -53,7 +51,7 @@ from . import coordination
 from .options import SearchInterrupted, SearchResult
 from .study import StudyMemory, status_counts
 
-LOCK_DIR_ENV = "AUTOTUNE_LOCK_DIR"   # where the per-GPU lock files live (default: the system temp dir)
+LOCK_DIR_ENV = coordination.LOCK_DIR_ENV  # where the per-GPU lock files live (default: the system temp dir)
 WORKER_ENV = "AUTOTUNE_WORKER"       # set in each worker (and its evaluation child) to its index
 
 
@@ -96,9 +94,7 @@ class GpuLock:
 
     def __init__(self, device: str):
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", device)
-        directory = Path(os.environ.get(LOCK_DIR_ENV) or tempfile.gettempdir())
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"autotune-gpu-{safe}.lock"
+        self.path = coordination.lock_dir() / f"autotune-gpu-{safe}.lock"
         self._fd: int | None = None
 
     def acquire(self) -> None:
