@@ -16,6 +16,8 @@ waited for) rather than by sleeps and luck.
                                                 test_one_sqlite_study_reached_through_a_hard_link_is_still_one_search,
                                                 test_two_searches_on_one_sqlite_study_time_nothing_twice
     transient storage errors retried            test_a_database_restart_mid_search_is_ridden_out,
+                                                test_a_workers_trial_refresh_rides_out_a_database_restart,
+                                                test_every_database_operation_of_the_storage_is_retried,
                                                 test_a_tell_committed_just_before_its_connection_broke_is_not_told_twice
     FAIL trials labelled by how they failed     test_a_trial_killed_while_being_told_counts_as_died
     --replay under --workers                    test_replay_with_workers_from_two_launchers_on_one_study
@@ -487,6 +489,85 @@ def test_a_database_restart_mid_search_is_ridden_out(pg_server, postgres_url, bu
     a = [t for t in study.trials if t.user_attrs.get("config_key") == A.key and t.state.name == "COMPLETE"]
     assert len(a) == 1 and a[0].value == search_doubles.fake_tflops(A), text  # told once, not re-recorded late
     assert timed_twice(double, study) == {}
+
+
+def test_a_workers_trial_refresh_rides_out_a_database_restart(pg_server, postgres_url, monkeypatch):
+    """A worker's refresh reads the study's trials through Optuna's cached storage, whose private `_get_trials`
+    the retry once did not cover: a restart there killed both workers of a --workers search. The server is
+    stopped exactly when the refresh reaches that read, and started again once the retry says it is waiting."""
+    from optuna.storages import RDBStorage
+
+    enqueue(postgres_url, [A])
+    here = _view(postgres_url, heartbeat=1, grace=60)
+    waiting = threading.Event()
+    here.peers.rdb.log = lambda line: waiting.set() if "unreachable" in line else None
+    read_trials = RDBStorage._get_trials
+    stopped = []
+
+    def stop_the_server_first(self, *args, **kwargs):
+        if not stopped:
+            stopped.append(1)
+            pg_server.pause()  # pg_ctl -m fast: every connection terminated, no new one accepted
+        return read_trials(self, *args, **kwargs)
+    monkeypatch.setattr(RDBStorage, "_get_trials", stop_the_server_first)
+    errors = []
+
+    def refresh():
+        try:
+            here.peers.refresh(force=True)
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+    worker = threading.Thread(target=refresh)
+    try:
+        worker.start()
+        wait_until(lambda: waiting.is_set() or not worker.is_alive(), 120, "the refresh waiting for the server")
+    finally:
+        if stopped:
+            pg_server.resume()
+    worker.join(120)
+    try:
+        assert stopped and not errors, f"the refresh died on the restart: {errors!r}"
+        assert waiting.is_set() and here.peers.running_elsewhere == 0
+    finally:
+        here.peers.close()
+
+
+def test_every_database_operation_of_the_storage_is_retried():
+    """The retry policy covers every RDBStorage method that opens a session of its own (read from Optuna's source,
+    so a method a later Optuna adds is checked too), not a list that the next private call slips past."""
+    import inspect
+
+    from optuna.storages import RDBStorage
+
+    opens_session = {name for name, fn in vars(RDBStorage).items()
+                     if inspect.isfunction(fn) and "_create_scoped_session" in inspect.getsource(fn)}
+    retrying = coordination.retrying_storage()
+    assert opens_session and opens_session <= set(coordination.retried_methods())
+    for name in opens_session:
+        assert getattr(retrying, name) is not getattr(RDBStorage, name), name  # the class really wraps it
+
+
+def test_recording_the_best_row_rides_out_a_dropped_connection(tmp_path, monkeypatch):
+    """The finale's one write (record_best) goes through the same retry policy as Optuna's calls and the claims."""
+    import psycopg
+    from sqlalchemy.exc import OperationalError
+
+    from autotune.store import best_table, transient
+    from test_best_table import entry
+
+    monkeypatch.setattr(transient, "FIRST_WAIT", 0.01)
+    record = best_table.BestStore._record
+    tries = []
+
+    def dropped_once(self, *args):
+        tries.append(1)
+        if len(tries) == 1:
+            raise OperationalError("COMMIT", {}, psycopg.errors.AdminShutdown("terminating connection"))
+        return record(self, *args)
+    monkeypatch.setattr(best_table.BestStore, "_record", dropped_once)
+    with best_table.BestStore(f"sqlite:///{tmp_path / 'b.db'}") as store:
+        assert store.record_best(entry(500.0)).action == "inserted" and len(tries) == 2
+        assert [r.tflops for r in store.all_rows()] == [500.0]
 
 
 def test_transient_errors_are_retried_for_a_bounded_time(monkeypatch):

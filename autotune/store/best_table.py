@@ -36,7 +36,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 import space
 
-from . import storage_url, tables
+from . import storage_url, tables, transient
 
 SCHEMA_VERSION = 1
 TABLE = "autotune_best"
@@ -300,7 +300,8 @@ class BestStore:
             if read_only:
                 self._has_table = inspect(self.engine).has_table(TABLE)
             else:
-                tables.create_missing(_Base.metadata, self.engine)  # hosts finishing together: tables.py
+                # hosts finishing together (tables.py), through a server restart (transient.py)
+                transient.call(tables.create_missing, _Base.metadata, self.engine, reset=self.engine.dispose)
                 self._has_table = True
             self._check_schema()
         except SQLAlchemyError as e:  # passed prepare's checks, failed on use: still one line, still untouched
@@ -364,7 +365,10 @@ class BestStore:
             raise StoreError(f"{storage_url.describe(self.url)}: opened read-only; cannot record a row")
         for attempt in range(2):
             try:
-                return self._record(entry, source or f"{entry.study} #{entry.trial}")
+                # One transaction, retried through a server restart like every storage call (transient.py). A try
+                # whose commit went through just before its connection broke is read back by the next: "kept".
+                return transient.call(self._record, entry, source or f"{entry.study} #{entry.trial}",
+                                      reset=self.engine.dispose)
             except IntegrityError:  # another process inserted the same key between our select and insert
                 if attempt:
                     raise
