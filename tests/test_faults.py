@@ -20,6 +20,9 @@ waited for) rather than by sleeps and luck.
                                                 test_every_database_operation_of_the_storage_is_retried,
                                                 test_a_tell_committed_just_before_its_connection_broke_is_not_told_twice
     FAIL trials labelled by how they failed     test_a_trial_killed_while_being_told_counts_as_died
+    SIGTERM handled like Ctrl-C, bounded        test_sigterm_fails_the_trials_in_flight_and_exits_within_the_grace_period,
+                                                test_sigterm_ends_a_stuck_clean_up_when_the_grace_period_runs_out,
+                                                test_sigterm_to_a_workers_launcher_alone_stops_every_worker_cleanly
     --replay under --workers                    test_replay_with_workers_from_two_launchers_on_one_study
 
 Plus what had no test: COMPLETE trials compared before and after a SIGKILL, separate launchers on one study (the
@@ -628,6 +631,90 @@ def test_a_tell_committed_just_before_its_connection_broke_is_not_told_twice(pos
     trial_mod.tell(study, t, outcome)
     trials = load(postgres_url, "t").trials
     assert [(x.state.name, x.value) for x in trials] == [("COMPLETE", 7.0)]  # no late_for copy
+
+
+# ---- SIGTERM: a scheduler stopping the job ---------------------------------------------------------------------
+
+def _stopped_by_sigterm(study, out: str) -> list:
+    """The trials SIGTERM cut: FAIL as 'interrupted (SIGTERM)', nothing RUNNING."""
+    no_trial_lost(study, out)
+    return [t for t in study.trials if t.state.name == "FAIL"
+            and (t.user_attrs.get("reason") or "").startswith("interrupted (SIGTERM)")]
+
+
+def test_sigterm_fails_the_trials_in_flight_and_exits_within_the_grace_period(tmp_path, build_cache_dir, double):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    double.plan({A: "gate"})
+    args = cli(url, build_cache_dir, "--trials", "3", *[x for c in (A, B, E) for x in ("--enqueue", c.key)])
+    grace = 20
+    proc = subprocess.Popen(args, env={**_env(), "AUTOTUNE_TERM_GRACE": str(grace)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        double.wait_for(lambda c: c["config_key"] == A.key)  # A is being timed: its trial RUNNING
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)  # as Slurm or a container runtime stops a job: the whole group
+        out, _ = proc.communicate(timeout=120)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, out
+    assert took < grace, (took, out)
+    assert "interrupted: nothing was re-timed or stored" in out, out
+    cut = _stopped_by_sigterm(load(url), out)
+    assert A in {search_doubles_config(t) for t in cut}, out  # (with any other config asked and not yet judged)
+    double.open_gate(A)
+    again = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=180)  # resumes, as after Ctrl-C
+    assert again.returncode == 0, again.stdout + again.stderr
+    no_trial_lost(load(url), again.stdout)
+
+
+HUNG_CLEAN_UP = """
+import threading
+from autotune.measure import interrupts
+with interrupts.deferred_interrupts():
+    with interrupts.critical():  # a clean-up whose storage never answers
+        print("in a critical section", flush=True)
+        threading.Event().wait()
+"""
+
+
+def test_sigterm_ends_a_stuck_clean_up_when_the_grace_period_runs_out():
+    proc = subprocess.Popen([sys.executable, "-c", HUNG_CLEAN_UP], env={**_env(), "AUTOTUNE_TERM_GRACE": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "in a critical section"
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and "did not finish within 1 s" in err, (proc.returncode, err)
+    assert took < 30, took  # 1 s of grace; the rest is a loaded machine's slack
+
+
+def test_sigterm_to_a_workers_launcher_alone_stops_every_worker_cleanly(postgres_url, build_cache_dir, double,
+                                                                       monkeypatch):
+    # `docker stop` and Kubernetes signal the container's first process only: the launcher passes SIGTERM on.
+    monkeypatch.setenv("AUTOTUNE_DOUBLE_DEVICES", "2")
+    double.plan({A: "gate", B: "gate"})
+    args = cli(postgres_url, build_cache_dir, "--workers", "2", "--trials", "3", "--grace", "60",
+               *[x for c in (A, B, E) for x in ("--enqueue", c.key)])
+    proc = subprocess.Popen(args, env={**_env(), "AUTOTUNE_TERM_GRACE": "20"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        double.wait_for(lambda c: c["config_key"] == A.key)
+        double.wait_for(lambda c: c["config_key"] == B.key)  # both workers timing: two trials RUNNING
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, out
+    cut = _stopped_by_sigterm(load(postgres_url), out)
+    assert {A, B} <= {search_doubles_config(t) for t in cut}, out
 
 
 # ---- labels (item 7) -----------------------------------------------------------------------------------------
