@@ -7,6 +7,7 @@ written), never on the word of the meta.json beside it (build/builder.py). Real 
     the row's hash checks the cached cubin              test_the_runtime_checks_a_cached_cubin_against_its_rows_hash
     the stored row records the cubin's hash             test_the_stored_winner_records_the_hash_of_the_cubin_it_was_timed_with
     a cache others can write is reported                test_best_explain_reports_a_kernel_cache_that_others_can_write
+    this user's entries stay private (umask 002)        test_entries_built_under_a_loose_umask_stay_trusted
 """
 from __future__ import annotations
 
@@ -139,3 +140,21 @@ def test_best_explain_reports_a_kernel_cache_that_others_can_write(tmp_path, cap
     assert main(args) == 0
     out = capsys.readouterr().out
     assert f"kernel cache {cache} can be written by other users" in out and "mode 0777" in out, out
+
+
+def test_entries_built_under_a_loose_umask_stay_trusted(built, tmp_path):
+    """A umask of 002 (user private groups) would leave entries group-writable, hence untrusted, hence compiled
+    again by every process: this user's entries are written without group or other write permission."""
+    from autotune.build.builder import written_by_others
+
+    _, _, good = built
+    old = os.umask(0o002)
+    try:
+        result = Builder(ARCH, cache_dir=tmp_path / "cache").build_one(DEFAULT, PROBLEM)
+    finally:
+        os.umask(old)
+    entry = result.cubin_path.parent
+    assert written_by_others([entry, *entry.iterdir()]) is None and result.cubin_bytes() == good
+    nvcc, calls = wrapper_nvcc(tmp_path)
+    assert Builder(ARCH, cache_dir=tmp_path / "cache", nvcc=nvcc).build_one(DEFAULT, PROBLEM).cached
+    assert compile_calls(calls) == []

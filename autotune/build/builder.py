@@ -110,11 +110,23 @@ def written_by_others(paths: Iterable[Path]) -> str | None:
     return None
 
 
+def _keep_private(entry: Path) -> None:
+    """Take group and other write permission off an entry of ours (a umask of 002 would leave it), so that its
+    meta.json stays trusted (written_by_others); an entry of another user's is left alone."""
+    for path in (entry, *entry.iterdir()):
+        st = os.lstat(path)
+        if st.st_uid == os.getuid() and not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022:
+            try:
+                os.chmod(path, st.st_mode & 0o7755)
+            except OSError:
+                pass
+
+
 def cache_exposure(cache_dir: str | os.PathLike) -> str | None:
     """Whether other users can write entries into `cache_dir`, in words (None: only this user and root can).
     Looks at the directory and every directory above it (a writable parent lets others replace the whole cache;
     a sticky one such as /tmp does not) and at the two-character key directories inside it."""
-    cache = Path(cache_dir).expanduser().absolute()
+    cache = Path(cache_dir).expanduser().resolve()  # a symlinked cache is judged where it lies
     if not cache.exists():
         return None
     findings = []
@@ -550,6 +562,7 @@ class Builder:
         }
         (target.dir / META).write_text(json.dumps(meta, indent=2) + "\n")
         (target.dir / f"{LOG}.status").unlink(missing_ok=True)
+        _keep_private(target.dir)
         if rc in UNCACHEABLE_CODES or rc < 0:  # the work dir is deleted after the build: the log goes into the error text
             meta["error"] = f"{error}\n{log[-2000:]}" if log.strip() else error
             return self._result(target.config, target.problem, target.key, None, meta, cached=False)
@@ -574,6 +587,7 @@ class Builder:
             except OSError:
                 theirs = None
             if ours is None or theirs == ours:
+                _keep_private(final)  # ours from an earlier process under a looser umask: trusted from now on
                 return final
             aside = self._set_aside(final)
             warnings.warn(f"autotune: kernel cache entry {final} ({target.config.key}): its kernel.cubin "
