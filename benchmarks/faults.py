@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Fault drill (issue 12): kill searches, restart their database, run two on one SQLite study, then count what was
-lost. CPU only: every search replays a synthetic landscape of every valid config of the current space
+"""Fault drill: kill searches, restart their database, start several at once on a fresh SQLite file, stop them with
+SIGTERM, run two on one SQLite study (by one path, then by two), then count what was lost. CPU only: every search replays a synthetic landscape of every valid config of the current space
 (tests/landscape_fixtures.py: made-up figures; a recorded landscape of studies/landscapes/ predates axes added
 since, and a replay refuses configs it has no row for), each evaluation paced by
 $AUTOTUNE_REPLAY_SECONDS so that faults land mid-trial. PostgreSQL is a throwaway cluster on 127.0.0.1
@@ -13,8 +13,15 @@ Faults:
   sigkill     --kills single searches on one SQLite study, each SIGKILLed at a random moment (seeded: a quarter
               while starting, the rest 0-3 s after the study is opened), then the same command run to the end;
   3 procs     three searches on one PostgreSQL study at once, one SIGKILLed mid-search; the other two finish;
-  restart     a --workers 2 search on PostgreSQL while the server restarts (pg_ctl -m fast restart);
-  sqlite x2   two searches started at once on one SQLite study: one must be refused up front.
+  restart     --restarts times: a --workers 2 search on PostgreSQL while the server restarts (pg_ctl -m fast
+              restart) about 2 s into it (the first 5 trials completed);
+  first use   --rounds times: 3 searches of different studies started at once on a fresh SQLite file (each
+              creating Optuna's tables and stamping alembic_version at the same moment); all must finish;
+  sigterm     a single SQLite search and a --workers 2 PostgreSQL search (SIGTERM to its launcher alone, as
+              `docker stop` does) sent SIGTERM mid-search: each must exit 143 within $AUTOTUNE_TERM_GRACE, then
+              the same command runs to the end;
+  sqlite x2   two searches started at once on one SQLite study: one must be refused up front; again with the
+              second reaching the file through a hard link in another directory.
 
 Columns: trials completed (COMPLETE trials in the study at the end, reuses of a result, retries and re-told
 results included); trials lost (COMPLETE trials seen before a fault that are not COMPLETE with the same value
@@ -30,6 +37,7 @@ import argparse
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -109,6 +117,18 @@ def wait_complete(storage: str, study: str, n: int, proc, timeout: float = 300) 
 
 def tally(fault: str, storage: str, study: str, seen: dict, note: str = "") -> dict:
     """The row of the table for one study; `seen`: COMPLETE trials (number → value) observed before faults."""
+    return tally_many(fault, [(storage, study, seen)], note)
+
+
+def tally_many(fault: str, studies: list[tuple[str, str, dict]], note: str = "") -> dict:
+    """One row for several studies hit by the same fault: their counts summed."""
+    rows = [_tally(storage, study, seen) for storage, study, seen in studies]
+    notes = [note] + [n for r in rows for n in r.pop("notes")]
+    total = {k: sum(r[k] for r in rows) for k in ("completed", "lost", "twice", "running")}
+    return {"fault": fault, **total, "note": "; ".join(n for n in notes if n)}
+
+
+def _tally(storage: str, study: str, seen: dict) -> dict:
     from autotune.search import deaths
 
     ts = trials(storage, study)
@@ -133,14 +153,14 @@ def tally(fault: str, storage: str, study: str, seen: dict, note: str = "") -> d
             lost += t.number not in retried and key(t) not in judged_keys
     originals = Counter(key(t) for t in judged if t.user_attrs.get("status") not in (None, "invalid")
                         and "duplicate_of" not in t.user_attrs and "same_cubin_as" not in t.user_attrs)
-    notes = [note]
+    notes = []
     if retold - {None}:
         notes.append(f"{len(retold - {None})} measured trial(s) of killed processes re-told")
     if given_up:
         notes.append(f"{given_up} config(s) given up after their process died twice while evaluating them")
-    return {"fault": fault, "completed": sum(t.state.name == "COMPLETE" for t in ts), "lost": lost,
+    return {"completed": sum(t.state.name == "COMPLETE" for t in ts), "lost": lost,
             "twice": sum(n > 1 for n in originals.values()), "running": sum(t.state.name == "RUNNING" for t in ts),
-            "note": "; ".join(notes)}
+            "notes": notes}
 
 
 def sigkills(drill: Drill, work: Path, kills: int, rng: random.Random) -> dict:
@@ -183,32 +203,85 @@ def three_processes(drill: Drill, pg: PgServer) -> dict:
                  f"{died} trial(s) of the killed one re-queued by the others")
 
 
-def restart(drill: Drill, pg: PgServer) -> dict:
-    url = pg.create_database()
-    p = drill.start(search(url, "restart", 30, "--workers", "2"))
-    wait_complete(url, "restart", 5, p)
-    seen = complete(url, "restart")
-    t0 = time.monotonic()
-    # -l: the restarted server must not inherit our pipes (pg_ctl would never return)
-    r = pg._run(pg.pg_ctl, "-D", str(pg.data), "-l", str(pg.log), "-m", "fast", "-w", "-t", "60", "restart")
-    if r.returncode:
-        raise SystemExit(f"faults.py: pg_ctl restart failed:\n{r.stdout}\n{r.stderr}")
-    down = time.monotonic() - t0
-    drill.finish(p)
-    notes = sum("storage is unreachable" in line for line in Path(p.log).read_text().splitlines())
-    return tally("PostgreSQL restart mid-search (--workers 2)", url, "restart", seen,
-                 f"pg_ctl -m fast restart took {down:.1f} s; {notes} operation(s) retried; exit 0")
+def restart(drill: Drill, pg: PgServer, times: int) -> dict:
+    studies, downs, retried = [], [], 0
+    for _ in range(times):
+        url = pg.create_database()
+        p = drill.start(search(url, "restart", 30, "--workers", "2"))
+        wait_complete(url, "restart", 5, p)
+        seen = complete(url, "restart")
+        t0 = time.monotonic()
+        # -l: the restarted server must not inherit our pipes (pg_ctl would never return)
+        r = pg._run(pg.pg_ctl, "-D", str(pg.data), "-l", str(pg.log), "-m", "fast", "-w", "-t", "60", "restart")
+        if r.returncode:
+            raise SystemExit(f"faults.py: pg_ctl restart failed:\n{r.stdout}\n{r.stderr}")
+        downs.append(time.monotonic() - t0)
+        drill.finish(p)
+        retried += sum("storage is unreachable" in line for line in Path(p.log).read_text().splitlines())
+        studies.append((url, "restart", seen))
+    return tally_many(f"PostgreSQL restart mid-search (--workers 2), {times} runs", studies,
+                      f"pg_ctl -m fast restart took {min(downs):.1f}-{max(downs):.1f} s; {retried} operation(s) "
+                      f"retried; {times} of {times} searches exit 0")
 
 
-def two_sqlite(drill: Drill, work: Path) -> dict:
-    url = f"sqlite:///{work / 'two.db'}"
-    procs = [drill.start(search(url, "two", 20, "--seed", str(i))) for i in range(2)]
+def first_use(drill: Drill, work: Path, rounds: int) -> dict:
+    studies = []
+    for round_ in range(rounds):
+        url = f"sqlite:///{work / f'fresh-{round_}.db'}"
+        procs = [drill.start(search(url, f"s{i}", 6, "--seed", str(i))) for i in range(3)]
+        for p in procs:
+            drill.finish(p)  # a raw traceback ("table ... already exists") ends the drill here
+        studies += [(url, f"s{i}", {}) for i in range(3)]
+    return tally_many(f"3 searches started at once on a fresh SQLite file, {rounds} rounds", studies,
+                      f"{3 * rounds} of {3 * rounds} processes exit 0")
+
+
+def sigterm(drill: Drill, pg: PgServer, work: Path) -> dict:
+    """SIGTERM mid-search, as a scheduler stops a job; exit 143 within the grace period; then run to the end."""
+    grace = 20
+    drill.env["AUTOTUNE_TERM_GRACE"] = str(grace)
+    runs = [(f"sqlite:///{work / 'term.db'}", (), "group"), (pg.create_database(), ("--workers", "2"), "launcher")]
+    studies, took = [], []
+    for url, extra, whom in runs:
+        p = drill.start(search(url, "term", 30, *extra))
+        wait_complete(url, "term", 5, p)
+        seen = complete(url, "term")
+        t0 = time.monotonic()
+        if whom == "group":
+            os.killpg(p.pid, signal.SIGTERM)  # Slurm: every process of the job
+        else:
+            p.send_signal(signal.SIGTERM)     # docker stop, Kubernetes: the first process only
+        drill.finish(p, timeout=grace + 30, ok=(143,))
+        took.append(time.monotonic() - t0)
+        if took[-1] > grace:
+            raise SystemExit(f"faults.py: SIGTERM took {took[-1]:.1f} s to end a search, more than {grace} s")
+        drill.finish(drill.start(search(url, "term", 30, *extra)))  # the same command again, to the end
+        studies.append((url, "term", seen))
+    return tally_many("SIGTERM mid-search: SQLite single search (to the group), PostgreSQL --workers 2 (to the "
+                      "launcher alone)", studies,
+                      f"both exit 143 within {max(took):.1f} s (grace {grace} s), then resumed to the end")
+
+
+def two_sqlite(drill: Drill, work: Path, linked: bool = False) -> dict:
+    where = work / ("two-linked" if linked else "two")
+    where.mkdir()
+    url = f"sqlite:///{where / 'two.db'}"
+    paths = [url, url]
+    if linked:  # the second search names the same file through a hard link in another directory
+        sqlite3.connect(where / "two.db").close()
+        (work / "elsewhere").mkdir()
+        os.link(where / "two.db", work / "elsewhere" / "link.db")
+        paths[1] = f"sqlite:///{work / 'elsewhere' / 'link.db'}"
+    procs = [drill.start(search(u, "two", 20, "--seed", str(i))) for i, u in enumerate(paths)]
     codes = sorted(drill.finish(p, ok=(0, 2)) for p in procs)
     if codes != [0, 2]:
         raise SystemExit(f"faults.py: two searches on one SQLite study ended {codes}, expected one refused (2)")
     refused = next(p for p in procs if p.returncode == 2)
     why = Path(refused.log).read_text().strip().splitlines()[-1]
     assert "being searched by another process" in why, why
+    if linked:
+        return tally("2 processes on one SQLite study, the second through a hard link", url, "two", {},
+                     "the second refused up front (exit 2)")
     return tally("2 processes on one SQLite study", url, "two", {}, "the second refused up front (exit 2)")
 
 
@@ -217,6 +290,8 @@ def main() -> int:
     ap.add_argument("--kills", type=int, default=20, help="SIGKILLed single searches (default 20)")
     ap.add_argument("--seed", type=int, default=0, help="seeds the kill moments (default 0)")
     ap.add_argument("--pace", type=float, default=0.2, help="seconds per replayed evaluation (default 0.2)")
+    ap.add_argument("--restarts", type=int, default=3, help="restarts of PostgreSQL under --workers (default 3)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of parallel first use of SQLite (default 5)")
     args = ap.parse_args()
     initdb, pg_ctl = find_bin("initdb"), find_bin("pg_ctl")
     if not initdb or not pg_ctl:
@@ -231,7 +306,8 @@ def main() -> int:
     pg.start()
     try:
         rows = [sigkills(drill, work, args.kills, random.Random(args.seed)), three_processes(drill, pg),
-                restart(drill, pg), two_sqlite(drill, work)]
+                restart(drill, pg, args.restarts), first_use(drill, work, args.rounds), sigterm(drill, pg, work),
+                two_sqlite(drill, work), two_sqlite(drill, work, linked=True)]
     finally:
         drill.kill_all()  # a drill that failed half-way leaves no search running
         pg.stop()

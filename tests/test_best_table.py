@@ -256,6 +256,46 @@ def test_refuses_a_newer_schema(url):
         BestStore(url)
 
 
+HASH = "ab" * 32
+
+
+def _as_version_1(url: str) -> None:
+    """Make the table at `url` what schema version 1 wrote: no cubin_hash column, schema row 1."""
+    with sqlite3.connect(storage_url.sqlite_path(url)) as con:
+        for table in (TABLE, f"{TABLE}_replaced"):
+            con.execute(f"alter table {table} drop column cubin_hash")
+        con.execute("update autotune_meta set value='1' where key=?", (f"{TABLE}.schema_version",))
+
+
+def test_a_version_1_table_reads_as_it_is_and_migrates_when_opened_for_writing(url):
+    with BestStore(url) as store:
+        store.record_best(entry(300.0))
+        store.record_best(entry(310.0))  # 300 moved to the replaced table
+    _as_version_1(url)
+    with BestStore(url, read_only=True) as store:  # the runtime, `best`, `export`: nothing written
+        (old,) = store.all_rows()
+        assert (old.tflops, old.cubin_hash, old.study) == (310.0, None, "s")
+        assert store.lookup(old.gpu_name, old.arch, SHAPE) == old
+        assert [r["tflops"] for r in store.replaced_rows()] == [300.0]
+    with sqlite3.connect(storage_url.sqlite_path(url)) as con:
+        assert "cubin_hash" not in {r[1] for r in con.execute(f"pragma table_info({TABLE})")}  # still version 1
+    with BestStore(url) as store:  # a search storing its winner: migrated, old rows kept as they were
+        assert store.schema_version == SCHEMA_VERSION == 2
+        assert store.all_rows() == [old]
+        store.record_best(entry(320.0, cubin_hash=HASH))
+        (new,) = store.all_rows()
+        assert new.cubin_hash == HASH and [r["cubin_hash"] for r in store.replaced_rows()] == [None, None]
+    with BestStore(url, read_only=True) as store:
+        assert store.all_rows()[0].cubin_hash == HASH
+
+
+def test_a_row_with_a_malformed_cubin_hash_is_not_used():
+    from autotune.store.best_table import row_problem
+
+    assert row_problem(entry(300.0, cubin_hash=HASH)) is None
+    assert "cubin_hash" in row_problem(entry(300.0, cubin_hash="not-a-hash"))
+
+
 def test_entry_validation():
     for bad in (float("nan"), float("inf"), 0.0, -5.0):
         with pytest.raises(ValueError, match="tflops"):

@@ -13,10 +13,16 @@ waited for) rather than by sleeps and luck.
                                                 test_deaths_before_evaluation_requeue_without_counting_and_are_bounded
     late tell                                   test_distributed.py: test_a_result_told_after_another_process_...
     SQLite: one search process per study        test_a_second_search_on_a_sqlite_study_is_refused_until_the_first_dies,
+                                                test_one_sqlite_study_reached_through_a_hard_link_is_still_one_search,
                                                 test_two_searches_on_one_sqlite_study_time_nothing_twice
     transient storage errors retried            test_a_database_restart_mid_search_is_ridden_out,
+                                                test_a_workers_trial_refresh_rides_out_a_database_restart,
+                                                test_every_database_operation_of_the_storage_is_retried,
                                                 test_a_tell_committed_just_before_its_connection_broke_is_not_told_twice
     FAIL trials labelled by how they failed     test_a_trial_killed_while_being_told_counts_as_died
+    SIGTERM handled like Ctrl-C, bounded        test_sigterm_fails_the_trials_in_flight_and_exits_within_the_grace_period,
+                                                test_sigterm_ends_a_stuck_clean_up_when_the_grace_period_runs_out,
+                                                test_sigterm_to_a_workers_launcher_alone_stops_every_worker_cleanly
     --replay under --workers                    test_replay_with_workers_from_two_launchers_on_one_study
 
 Plus what had no test: COMPLETE trials compared before and after a SIGKILL, separate launchers on one study (the
@@ -109,6 +115,25 @@ def test_a_second_search_on_a_sqlite_study_is_refused_until_the_first_dies(tmp_p
         if holder.poll() is None:
             holder.kill()
     assert run_search(options(url, build_cache_dir, trials=1)).evaluated == 1
+
+
+def test_one_sqlite_study_reached_through_a_hard_link_is_still_one_search(tmp_path, build_cache_dir, double):
+    # The same file under two names in two directories: the lock is the file's (st_dev, st_ino), not its path's.
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    first, second = tmp_path / "a" / "s.db", tmp_path / "b" / "linked.db"
+    enqueue(f"sqlite:///{first}", [A])
+    os.link(first, second)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, f"sqlite:///{first}", "d"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(coordination.StudyBusyError, match=f"pid {holder.pid}"):
+            run_search(options(f"sqlite:///{second}", build_cache_dir, trials=1))
+        assert double.calls() == []  # refused before any trial was touched
+    finally:
+        holder.kill()
+        holder.wait(30)
+    assert run_search(options(f"sqlite:///{second}", build_cache_dir, trials=1)).evaluated == 1
 
 
 def test_two_searches_on_one_sqlite_study_time_nothing_twice(tmp_path, build_cache_dir, double):
@@ -469,6 +494,85 @@ def test_a_database_restart_mid_search_is_ridden_out(pg_server, postgres_url, bu
     assert timed_twice(double, study) == {}
 
 
+def test_a_workers_trial_refresh_rides_out_a_database_restart(pg_server, postgres_url, monkeypatch):
+    """A worker's refresh reads the study's trials through Optuna's cached storage, whose private `_get_trials`
+    the retry once did not cover: a restart there killed both workers of a --workers search. The server is
+    stopped exactly when the refresh reaches that read, and started again once the retry says it is waiting."""
+    from optuna.storages import RDBStorage
+
+    enqueue(postgres_url, [A])
+    here = _view(postgres_url, heartbeat=1, grace=60)
+    waiting = threading.Event()
+    here.peers.rdb.log = lambda line: waiting.set() if "unreachable" in line else None
+    read_trials = RDBStorage._get_trials
+    stopped = []
+
+    def stop_the_server_first(self, *args, **kwargs):
+        if not stopped:
+            stopped.append(1)
+            pg_server.pause()  # pg_ctl -m fast: every connection terminated, no new one accepted
+        return read_trials(self, *args, **kwargs)
+    monkeypatch.setattr(RDBStorage, "_get_trials", stop_the_server_first)
+    errors = []
+
+    def refresh():
+        try:
+            here.peers.refresh(force=True)
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+    worker = threading.Thread(target=refresh)
+    try:
+        worker.start()
+        wait_until(lambda: waiting.is_set() or not worker.is_alive(), 120, "the refresh waiting for the server")
+    finally:
+        if stopped:
+            pg_server.resume()
+    worker.join(120)
+    try:
+        assert stopped and not errors, f"the refresh died on the restart: {errors!r}"
+        assert waiting.is_set() and here.peers.running_elsewhere == 0
+    finally:
+        here.peers.close()
+
+
+def test_every_database_operation_of_the_storage_is_retried():
+    """The retry policy covers every RDBStorage method that opens a session of its own (read from Optuna's source,
+    so a method a later Optuna adds is checked too), not a list that the next private call slips past."""
+    import inspect
+
+    from optuna.storages import RDBStorage
+
+    opens_session = {name for name, fn in vars(RDBStorage).items()
+                     if inspect.isfunction(fn) and "_create_scoped_session" in inspect.getsource(fn)}
+    retrying = coordination.retrying_storage()
+    assert opens_session and opens_session <= set(coordination.retried_methods())
+    for name in opens_session:
+        assert getattr(retrying, name) is not getattr(RDBStorage, name), name  # the class really wraps it
+
+
+def test_recording_the_best_row_rides_out_a_dropped_connection(tmp_path, monkeypatch):
+    """The finale's one write (record_best) goes through the same retry policy as Optuna's calls and the claims."""
+    import psycopg
+    from sqlalchemy.exc import OperationalError
+
+    from autotune.store import best_table, transient
+    from test_best_table import entry
+
+    monkeypatch.setattr(transient, "FIRST_WAIT", 0.01)
+    record = best_table.BestStore._record
+    tries = []
+
+    def dropped_once(self, *args):
+        tries.append(1)
+        if len(tries) == 1:
+            raise OperationalError("COMMIT", {}, psycopg.errors.AdminShutdown("terminating connection"))
+        return record(self, *args)
+    monkeypatch.setattr(best_table.BestStore, "_record", dropped_once)
+    with best_table.BestStore(f"sqlite:///{tmp_path / 'b.db'}") as store:
+        assert store.record_best(entry(500.0)).action == "inserted" and len(tries) == 2
+        assert [r.tflops for r in store.all_rows()] == [500.0]
+
+
 def test_transient_errors_are_retried_for_a_bounded_time(monkeypatch):
     import psycopg
     from sqlalchemy.exc import OperationalError
@@ -527,6 +631,90 @@ def test_a_tell_committed_just_before_its_connection_broke_is_not_told_twice(pos
     trial_mod.tell(study, t, outcome)
     trials = load(postgres_url, "t").trials
     assert [(x.state.name, x.value) for x in trials] == [("COMPLETE", 7.0)]  # no late_for copy
+
+
+# ---- SIGTERM: a scheduler stopping the job ---------------------------------------------------------------------
+
+def _stopped_by_sigterm(study, out: str) -> list:
+    """The trials SIGTERM cut: FAIL as 'interrupted (SIGTERM)', nothing RUNNING."""
+    no_trial_lost(study, out)
+    return [t for t in study.trials if t.state.name == "FAIL"
+            and (t.user_attrs.get("reason") or "").startswith("interrupted (SIGTERM)")]
+
+
+def test_sigterm_fails_the_trials_in_flight_and_exits_within_the_grace_period(tmp_path, build_cache_dir, double):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    double.plan({A: "gate"})
+    args = cli(url, build_cache_dir, "--trials", "3", *[x for c in (A, B, E) for x in ("--enqueue", c.key)])
+    grace = 20
+    proc = subprocess.Popen(args, env={**_env(), "AUTOTUNE_TERM_GRACE": str(grace)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        double.wait_for(lambda c: c["config_key"] == A.key)  # A is being timed: its trial RUNNING
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)  # as Slurm or a container runtime stops a job: the whole group
+        out, _ = proc.communicate(timeout=120)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, out
+    assert took < grace, (took, out)
+    assert "interrupted: nothing was re-timed or stored" in out, out
+    cut = _stopped_by_sigterm(load(url), out)
+    assert A in {search_doubles_config(t) for t in cut}, out  # (with any other config asked and not yet judged)
+    double.open_gate(A)
+    again = subprocess.run(args, env=_env(), capture_output=True, text=True, timeout=180)  # resumes, as after Ctrl-C
+    assert again.returncode == 0, again.stdout + again.stderr
+    no_trial_lost(load(url), again.stdout)
+
+
+HUNG_CLEAN_UP = """
+import threading
+from autotune.measure import interrupts
+with interrupts.deferred_interrupts():
+    with interrupts.critical():  # a clean-up whose storage never answers
+        print("in a critical section", flush=True)
+        threading.Event().wait()
+"""
+
+
+def test_sigterm_ends_a_stuck_clean_up_when_the_grace_period_runs_out():
+    proc = subprocess.Popen([sys.executable, "-c", HUNG_CLEAN_UP], env={**_env(), "AUTOTUNE_TERM_GRACE": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "in a critical section"
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and "did not finish within 1 s" in err, (proc.returncode, err)
+    assert took < 30, took  # 1 s of grace; the rest is a loaded machine's slack
+
+
+def test_sigterm_to_a_workers_launcher_alone_stops_every_worker_cleanly(postgres_url, build_cache_dir, double,
+                                                                       monkeypatch):
+    # `docker stop` and Kubernetes signal the container's first process only: the launcher passes SIGTERM on.
+    monkeypatch.setenv("AUTOTUNE_DOUBLE_DEVICES", "2")
+    double.plan({A: "gate", B: "gate"})
+    args = cli(postgres_url, build_cache_dir, "--workers", "2", "--trials", "3", "--grace", "60",
+               *[x for c in (A, B, E) for x in ("--enqueue", c.key)])
+    proc = subprocess.Popen(args, env={**_env(), "AUTOTUNE_TERM_GRACE": "20"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        double.wait_for(lambda c: c["config_key"] == A.key)
+        double.wait_for(lambda c: c["config_key"] == B.key)  # both workers timing: two trials RUNNING
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, out
+    cut = _stopped_by_sigterm(load(postgres_url), out)
+    assert {A, B} <= {search_doubles_config(t) for t in cut}, out
 
 
 # ---- labels (item 7) -----------------------------------------------------------------------------------------

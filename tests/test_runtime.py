@@ -375,7 +375,7 @@ def test_resolve_falls_back_to_the_default_when_a_tuned_config_fails_to_build(db
     monkeypatch.setattr(runtime, "device_info", lambda device: (GPU, ARCH))
     built = []
 
-    def fake_build(config, problem, arch):
+    def fake_build(config, problem, arch, trusted_hash=None):
         built.append(config)
         return _FakeBuild(config, ok=config != CFG_A)
 

@@ -16,10 +16,24 @@ two processes building the same key at once cannot corrupt it. Compile failures 
 property of the sources, like successes); timeouts and a compiler that could not start are not.
 
 The cache may be shared (several users, hosts or containers on one directory), so a cached cubin is not
-trusted: on every cache hit its sha256 is compared with the `cubin_hash` recorded in meta.json when it was
-built, and an entry that differs (or records none) is moved aside to `<cache>/.damaged/` (kept for inspection,
-never deleted) and rebuilt, with a CacheIntegrityWarning. `BuildResult.cubin_bytes()` checks the bytes it
-returns against the same hash, so what is loaded is exactly what was checked (CubinMismatchError otherwise).
+trusted on its own word: meta.json sits next to the cubin, and whoever can write the one can write the other. On
+every cache hit the cubin's sha256 must be one of the trusted hashes of its key:
+
+  * the hash the caller expects (`trusted_hash`: the runtime passes the best-table row's `cubin_hash`, the hash
+    of the cubin that row was measured with, recorded by the search that measured it);
+  * the hash this process computed when it compiled the key itself;
+  * the hash in meta.json, but only when the entry can only have been written by this user: the entry directory,
+    meta.json and kernel.cubin belong to this user (or root), are no symlinks, and are writable by nobody else
+    (`written_by_others` says why not).
+
+A cubin that matches none of the trusted hashes there are is moved aside to `<cache>/.damaged/` (kept for
+inspection, never deleted) and rebuilt locally, with a CacheIntegrityWarning saying so. An entry that someone
+else may have written, with no trusted hash to check it against, is compiled again here before it is used (one
+CacheIntegrityWarning per Builder says so): the same bytes, and the entry stays as it is; other bytes, and it is
+moved aside and this build published in its place. `BuildResult.cubin_bytes()` checks the bytes it returns against
+the result's hash, so what is loaded is exactly what was checked (CubinMismatchError otherwise).
+`cache_exposure(cache_dir)` says whether a cache directory lets other users write entries (`autotune best
+--explain` reports it).
 
 Configs that `space.violations` rejects never reach nvcc: they come back as `ok=False` results whose
 `rejected_by` names the rules (and whose `error` gives the rules' messages). `check_rules=False` turns that
@@ -35,6 +49,7 @@ import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import uuid
 import warnings
@@ -75,6 +90,66 @@ class CubinMismatchError(BuildError):
 
 def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _trusted_owner(uid: int) -> bool:
+    return uid in (os.getuid(), 0)
+
+
+def written_by_others(paths: Iterable[Path]) -> str | None:
+    """Why someone other than this user (or root) may have written one of `paths`, or None: a path that belongs
+    to another user, is a symbolic link, or is writable by group or others."""
+    for path in paths:
+        st = os.lstat(path)  # not followed: a link planted in place of a file is itself the finding
+        if stat.S_ISLNK(st.st_mode):
+            return f"{path} is a symbolic link"
+        if not _trusted_owner(st.st_uid):
+            return f"{path} belongs to uid {st.st_uid}, not this user"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return f"{path} is writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'} (mode {st.st_mode & 0o7777:04o})"
+    return None
+
+
+def _keep_private(entry: Path) -> None:
+    """Take group and other write permission off an entry of ours (a umask of 002 would leave it), so that its
+    meta.json stays trusted (written_by_others); an entry of another user's is left alone."""
+    for path in (entry, *entry.iterdir()):
+        st = os.lstat(path)
+        if st.st_uid == os.getuid() and not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022:
+            try:
+                os.chmod(path, st.st_mode & 0o7755)
+            except OSError:
+                pass
+
+
+def cache_exposure(cache_dir: str | os.PathLike) -> str | None:
+    """Whether other users can write entries into `cache_dir`, in words (None: only this user and root can).
+    Looks at the directory and every directory above it (a writable parent lets others replace the whole cache;
+    a sticky one such as /tmp does not) and at the two-character key directories inside it."""
+    cache = Path(cache_dir).expanduser().resolve()  # a symlinked cache is judged where it lies
+    if not cache.exists():
+        return None
+    findings = []
+    for directory in [cache, *cache.parents]:
+        st = directory.stat()
+        writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if directory != cache and (st.st_mode & stat.S_ISVTX or not writable) and _trusted_owner(st.st_uid):
+            continue
+        if directory == cache or writable or not _trusted_owner(st.st_uid):
+            why = written_by_others([directory]) if directory == cache or writable else \
+                f"{directory} belongs to uid {st.st_uid}"
+            if why:
+                findings.append(why)
+    buckets = sorted(d for d in cache.iterdir() if len(d.name) == 2 and d.is_dir()) if cache.is_dir() else []
+    open_buckets = [d for d in buckets if written_by_others([d])]
+    if open_buckets:
+        findings.append(f"{len(open_buckets)} of its {len(buckets)} key directories are writable by others or "
+                        f"belong to another user (e.g. {written_by_others([open_buckets[0]])})")
+    if not findings:
+        return None
+    return (f"kernel cache {cache} can be written by other users: {'; '.join(findings)}. Entries they write are "
+            "not trusted: each is checked against the hash its best-table row recorded, or compiled again here "
+            "before use; keep the cache private (chmod go-w) or use your own (--cache-dir, $AUTOTUNE_CACHE_DIR)")
 
 
 @dataclass(frozen=True)
@@ -254,17 +329,22 @@ class Builder:
         self.flags = [*BASE_FLAGS, f"-gencode={self.arch.gencode}", *extra_flags]
         self.check_rules = check_rules
         self.nvcc_version = nvcc_version(self.nvcc)
+        self._compiled: dict[str, str] = {}  # key → the cubin hash this process computed compiling it (trusted)
+        self._told_untrusted = False         # the one warning about entries compiled again to check them
 
     # -- public -------------------------------------------------------------------------------------------
 
-    def build_one(self, config: Config, problem: Problem) -> BuildResult:
-        return self.build([(config, problem)])[0]
+    def build_one(self, config: Config, problem: Problem, trusted_hash: str | None = None) -> BuildResult:
+        """build() of one item; `trusted_hash`: the sha256 its cubin is expected to have (the module docstring)."""
+        return self.build([(config, problem)], trusted_hashes=[trusted_hash])[0]
 
-    def build(self, items: Sequence[tuple[Config, Problem]], progress: Progress | None = None) -> list[BuildResult]:
+    def build(self, items: Sequence[tuple[Config, Problem]], progress: Progress | None = None,
+              trusted_hashes: Sequence[str | None] | None = None) -> list[BuildResult]:
         """Build every (config, problem); results come back in input order, one per item.
 
         progress(done, total, result) is called once per item as its result becomes known (cache hits and
-        rejected configs first, then compiles in the order they finish).
+        rejected configs first, then compiles in the order they finish). `trusted_hashes[i]`: the cubin hash
+        item i is expected to have, e.g. its best-table row's (a cached cubin is checked against it).
         """
         items = list(items)
         total = len(items)
@@ -292,7 +372,7 @@ class Builder:
             if key in misses:
                 misses[key].append(i)
                 continue
-            hit = self._lookup(config, problem, key)
+            hit = self._lookup(config, problem, key, trusted_hashes[i] if trusted_hashes else None)
             if hit:
                 finish([i], hit)
             else:
@@ -325,28 +405,43 @@ class Builder:
 
     # -- cache ----------------------------------------------------------------------------------------------
 
-    def _lookup(self, config: Config, problem: Problem, key: str) -> BuildResult | None:
+    def _lookup(self, config: Config, problem: Problem, key: str, trusted_hash: str | None = None
+                ) -> BuildResult | None:
         entry = self.entry_dir(key)
         try:
             meta = json.loads((entry / META).read_text())
+            suspect = written_by_others([entry, entry / META] + ([entry / CUBIN] if (entry / CUBIN).exists() else []))
         except (OSError, ValueError):
             return None
         if meta.get("ok") and not (entry / CUBIN).is_file():
             shutil.rmtree(entry, ignore_errors=True)  # damaged entry: drop it so the rebuild can take its place
             return None
-        if meta.get("ok"):
-            recorded = meta.get("cubin_hash")
-            try:
-                actual = file_sha256(entry / CUBIN)
-            except OSError:  # removed by another process between the check above and here: a miss
-                return None
-            if actual != recorded:
-                aside = self._set_aside(entry)
-                warnings.warn(f"autotune: kernel cache entry {entry} ({config.key}): kernel.cubin has sha256 "
-                              f"{actual[:12]}, not the {str(recorded)[:12]} recorded in meta.json when it was built; "
-                              f"moved to {aside} and rebuilding", CacheIntegrityWarning, stacklevel=4)
-                return None
-        return self._result(config, problem, key, entry, meta, cached=True)
+        if not meta.get("ok"):
+            # A cached compile failure is only a verdict of this user's: someone else's may be planted to hide a
+            # config. Compiled again here (a failure again is cached again, as any).
+            return None if suspect else self._result(config, problem, key, entry, meta, cached=True)
+        try:
+            actual = file_sha256(entry / CUBIN)
+        except OSError:  # removed by another process between the check above and here: a miss
+            return None
+        trusted = {h: why for h, why in ((meta.get("cubin_hash") if not suspect else None, "recorded in meta.json"),
+                                         (self._compiled.get(key), "this process computed building it"),
+                                         (trusted_hash, "its best-table row recorded")) if h}
+        if actual in trusted:
+            return dataclasses.replace(self._result(config, problem, key, entry, meta, cached=True), cubin_hash=actual)
+        if trusted:
+            aside = self._set_aside(entry)
+            against = ", nor the ".join(f"{h[:12]} {why}" for h, why in trusted.items())
+            warnings.warn(f"autotune: kernel cache entry {entry} ({config.key}): kernel.cubin has sha256 "
+                          f"{actual[:12]}, not the {against}; moved to {aside} and rebuilt locally"
+                          + (f" ({suspect})" if suspect else ""), CacheIntegrityWarning, stacklevel=4)
+            return None
+        if not self._told_untrusted:  # someone else's entry, nothing to check it against: compile it here
+            self._told_untrusted = True
+            warnings.warn(f"autotune: kernel cache {self.cache_dir}: entries that another user may have written "
+                          f"({suspect}) are not trusted without a recorded hash; compiling them here to check them",
+                          CacheIntegrityWarning, stacklevel=4)
+        return None
 
     def _set_aside(self, entry: Path) -> Path:
         """Move a damaged entry out of the cache's way (so a rebuild can take its place), keeping it to look at."""
@@ -455,6 +550,8 @@ class Builder:
         ok = error is None
         if not ok:
             cubin.unlink(missing_ok=True)
+        else:
+            self._compiled[target.key] = cubin_hash
         meta = {
             "key": target.key, "config_key": target.config.key, "config": target.config.as_dict(),
             "problem": dataclasses.asdict(target.problem), "arch": self.arch.name, "gencode": self.arch.gencode,
@@ -465,20 +562,37 @@ class Builder:
         }
         (target.dir / META).write_text(json.dumps(meta, indent=2) + "\n")
         (target.dir / f"{LOG}.status").unlink(missing_ok=True)
+        _keep_private(target.dir)
         if rc in UNCACHEABLE_CODES or rc < 0:  # the work dir is deleted after the build: the log goes into the error text
             meta["error"] = f"{error}\n{log[-2000:]}" if log.strip() else error
             return self._result(target.config, target.problem, target.key, None, meta, cached=False)
         return self._result(target.config, target.problem, target.key, self._publish(target), meta, cached=False)
 
     def _publish(self, target: _Target) -> Path:
-        """Move the finished target directory into the cache; if another process got there first, keep theirs."""
+        """Move the finished target directory into the cache. If another process got there first, keep theirs
+        when its cubin is the one just built (same bytes: the result's hash checks them again when they are
+        loaded); else theirs is not what these sources compile to, and it is moved aside for ours."""
         final = self.entry_dir(target.key)
         final.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.rename(target.dir, final)
-        except OSError:
-            if not (final / META).is_file():
-                raise
+        for _ in range(2):
+            try:
+                os.rename(target.dir, final)
+                return final
+            except OSError:
+                if not (final / META).is_file():
+                    raise
+            ours = self._compiled.get(target.key) if (target.dir / CUBIN).is_file() else None
+            try:
+                theirs = file_sha256(final / CUBIN)
+            except OSError:
+                theirs = None
+            if ours is None or theirs == ours:
+                _keep_private(final)  # ours from an earlier process under a looser umask: trusted from now on
+                return final
+            aside = self._set_aside(final)
+            warnings.warn(f"autotune: kernel cache entry {final} ({target.config.key}): its kernel.cubin "
+                          f"(sha256 {str(theirs)[:12]}) is not what this build of the same key made ({ours[:12]}); "
+                          f"moved to {aside}, replaced by this build", CacheIntegrityWarning, stacklevel=5)
         return final
 
 
@@ -510,5 +624,6 @@ def cubin_key(cubin_hash: str | None, config: Config, problem) -> tuple | None:
     return cubin_hash, lay.threads, lay.smem_static, lay.smem_dynamic, lay.rows_per_block, lay.scheduler
 
 
-__all__ = ["BuildError", "BuildReport", "BuildResult", "Builder", "cubin_key",
+__all__ = ["BuildError", "BuildReport", "BuildResult", "Builder", "CacheIntegrityWarning", "CubinMismatchError",
+           "cache_exposure", "cubin_key", "written_by_others",
            "default_cache_dir", "default_kernels_dir", "define_flags", "family_sources", "provenance", "sources_digest"]

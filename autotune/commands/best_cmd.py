@@ -184,6 +184,11 @@ def explain(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return USAGE_ERROR
     print(runtime.select_config(shape, gpu_name, arch, args.storage).explain())
+    from autotune.build.builder import cache_exposure, default_cache_dir
+
+    exposure = cache_exposure(default_cache_dir())  # the runtime's kernel cache: can others plant kernels in it?
+    if exposure:
+        print(f"  note: {exposure}")
     return 0
 
 

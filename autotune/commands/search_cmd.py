@@ -211,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
     from autotune.build.builder import BuildError
     from autotune.build.nvcc import NvccNotFoundError
     from autotune.landscapes.replay import ReplayError
+    from autotune.measure.interrupts import exit_code
     from autotune.search.loop import SearchInterrupted, run_search
     from autotune.search.study import StudyMismatchError
     from autotune.search.progress import format_result
@@ -239,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
     except SearchInterrupted as interrupted:  # Ctrl-C: the trials in flight are failed; say where we stand
         print()
         print(format_result(interrupted.result))
-        return INTERRUPTED
+        return exit_code()  # INTERRUPTED after Ctrl-C; 128 + 15 after a scheduler's SIGTERM
     except (StudyMismatchError, NvccNotFoundError) as err:  # fixable by the command line or the environment
         return _fail(str(err))
     except (WorkerStartError, EvaluatorError, BuildError, ReplayError) as err:  # the machinery (or the replay) failed

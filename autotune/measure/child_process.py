@@ -80,6 +80,7 @@ def _child_main(conn, warmup: tuple[str, tuple] | None, parent: int | None = Non
     # Ctrl-C is the parent's to handle: it fails the trial as 'interrupted' and stops us. Left to ourselves, we
     # would die first and the parent could read that as a crash of the kernel being timed.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # likewise SIGTERM (a scheduler signals the whole job)
     # A parent killed with SIGKILL must not leave us holding the GPU. (Linux sends this when the *thread* that
     # started us ends: start Workers from a thread that lives as long as they should, as the search does.)
     exit_with_parent(signal.SIGKILL, parent)
@@ -257,10 +258,7 @@ class Worker:
         if process is not None:
             if graceful:
                 process.join(2)
-            if process.is_alive():
-                process.terminate()
-                process.join(5)
-            if process.is_alive():
+            if process.is_alive():  # by force: SIGKILL, since the child ignores SIGTERM (_child_main)
                 process.kill()
                 process.join(5)
         if conn is not None:

@@ -421,14 +421,16 @@ def builder(arch: Arch):
         return b
 
 
-def build(config: Config, problem: Problem, arch: Arch):
-    """The cached build of (config, problem) for arch; a missing one is compiled once, saying so on stderr."""
+def build(config: Config, problem: Problem, arch: Arch, trusted_hash: str | None = None):
+    """The cached build of (config, problem) for arch; a missing one is compiled once, saying so on stderr.
+    `trusted_hash`: the cubin hash the tuned row recorded; a cached cubin that is not it (nor one this user built)
+    is rebuilt locally, with a warning (build/builder.py)."""
     b = builder(arch)
     key = b.key(config, problem)
     if not (b.entry_dir(key) / "meta.json").is_file():
         print(f"autotune: compiling {config.key} for {problem.key} on {arch.name} (first use; cached in "
               f"{b.cache_dir})", file=sys.stderr, flush=True)
-    return b.build_one(config, problem)
+    return b.build_one(config, problem, trusted_hash)
 
 
 @dataclass(frozen=True)
@@ -452,7 +454,7 @@ def resolve(device: int, shape: Shape, storage: str | None = None) -> Plan:
     with _lock:
         gpu_name, arch = device_info(device)
         selection = select_config(shape, gpu_name, arch, url)
-        result = build(selection.config, shape.problem, arch)
+        result = build(selection.config, shape.problem, arch, getattr(selection.row, "cubin_hash", None))
         if not result.ok and selection.source != "heuristic":
             note = f"{selection.source} config {selection.config.key} failed to build: {result.error}"
             warnings.warn(f"autotune: {note}; using the default", InvalidRowWarning, stacklevel=3)

@@ -43,7 +43,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable
 
-from ..store import transient
+from ..store import tables, transient
 from ..store.claims import Claims, Owner
 
 from . import deaths
@@ -56,6 +56,8 @@ REFRESH_SECONDS = 0.5    # how stale this process's view of the other processes 
 # A trial seen RUNNING elsewhere for longer than this is not waited for (see the residual window below): no trial
 # of ours runs that long (nvcc's limit is 10 min, an evaluation's a few), even queued behind a batch.
 STUCK_SECONDS = 2 * 3600
+SQLITE_WAIT_S = 60       # how long a write waits for SQLite's file lock (other studies' searches on the file)
+LOCK_DIR_ENV = "AUTOTUNE_LOCK_DIR"  # this host's lock files (lock_dir): default the system temp dir
 
 
 def is_shared(url: str) -> bool:
@@ -94,54 +96,72 @@ class _OnStale:
 
 
 def make_storage(url: str, heartbeat: int = DEFAULT_HEARTBEAT, grace: int = DEFAULT_GRACE):
-    """Optuna's RDBStorage for `url`; for a shared storage with heartbeats, the retry callback, and transient
-    errors (a server restart) retried (retrying_storage)."""
+    """Optuna's RDBStorage for `url`, on the one path every storage takes:
+
+    * its tables created through store/tables.py, whoever else creates them at the same moment (launchers of
+      several hosts on a fresh PostgreSQL database; several searches started at once on a fresh SQLite file);
+    * every operation that can meet a transient error (a server restart, a dropped connection) retried by one
+      policy, store/transient.py (retrying_storage; SQLite's errors are never transient, so there it is inert);
+    * a shared storage gets heartbeats and the stale-trial callback; a SQLite file a lock wait of SQLITE_WAIT_S
+      (searches of other studies in the same file write between our writes)."""
     import inspect
 
     import optuna
 
-    if not is_shared(url):
-        return optuna.storages.RDBStorage(url)
-    params = inspect.signature(optuna.storages.RDBStorage).parameters
-    name = "heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in params else "failed_trial_callback"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    if is_shared(url):
+        params = inspect.signature(optuna.storages.RDBStorage).parameters
+        name = ("heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in params
+                else "failed_trial_callback")
         # pool_pre_ping: a long search outlives server restarts and idle-connection reapers
         kwargs = dict(engine_kwargs={"pool_pre_ping": True}, heartbeat_interval=heartbeat, grace_period=grace,
                       **{name: _OnStale(url)})
-        for attempt in range(5):
-            try:
-                return transient.call(retrying_storage(), url, **kwargs)
-            except Exception as e:  # noqa: BLE001  (one race is retried, the rest raised)
-                # Launchers on several hosts starting on a fresh database create Optuna's tables at the same
-                # moment; the losers' CREATE fails ("already exists"), and the next try finds them made.
-                if attempt == 4 or not _created_meanwhile(e):
-                    raise
-                time.sleep(0.2 * (attempt + 1))
+    else:
+        kwargs = dict(engine_kwargs={"connect_args": {"timeout": SQLITE_WAIT_S}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return transient.call(tables.create_with_others, retrying_storage(), url, **kwargs)
 
 
-def _created_meanwhile(error: BaseException) -> bool:
-    from sqlalchemy.exc import IntegrityError, ProgrammingError
-
-    return isinstance(error, (IntegrityError, ProgrammingError)) and "already exists" in str(error)
-
-
-# The storage operations the search uses, retried through a server restart (store/transient.py). Reads and
-# idempotent writes are simply repeated; set_trial_state_values is handled apart (a tell may have been committed
-# just before its connection broke).
-_RETRIED = ("create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
-            "get_study_id_from_name", "get_study_name_from_id", "get_study_directions", "get_study_user_attrs",
-            "get_study_system_attrs", "get_all_studies", "create_new_trial", "set_trial_param",
-            "get_trial_id_from_study_id_trial_number", "get_trial_number_from_id", "get_trial_param",
-            "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr", "get_trial",
-            "get_all_trials", "get_n_trials", "get_best_trial", "get_trial_params", "get_trial_user_attrs",
-            "get_trial_system_attrs", "record_heartbeat", "_get_stale_trial_ids")
+# Methods of RDBStorage that are not retried: each either does not touch the database, or runs inside a session its
+# caller opened (those take a `session`, and are left out by that rule too), or must not be repeated blindly. Every
+# other method is one unit of work on the database (it opens its own session, or calls methods that do) and goes
+# through the retry policy; a method added by a later Optuna is retried unless it is named here.
+_NOT_RETRIED = frozenset({
+    "__init__", "__getstate__", "__setstate__",  # construction: make_storage retries it as a whole
+    "_build_frozen_trial_from_trial_model",      # works on a model its caller read
+    "_set_default_engine_kwargs_for_mysql", "_fill_storage_url_template",
+    "remove_session", "get_heartbeat_interval", "get_heartbeat_stale_trial_callback",
+    "get_head_version", "get_all_versions",      # read alembic's scripts, not the database
+    "upgrade",                                   # a schema migration: an operator's step, never repeated blindly
+})
 _retrying_class = None
+
+
+def retried_methods(storage_class=None) -> list[str]:
+    """The RDBStorage methods the retry policy covers (see _NOT_RETRIED for the rule)."""
+    import inspect
+
+    from optuna.storages import RDBStorage
+
+    names = []
+    for name, value in vars(storage_class or RDBStorage).items():
+        if name in _NOT_RETRIED or not inspect.isfunction(value):
+            continue  # staticmethods are helpers of the methods (a unique name, engine kwargs)
+        if "session" in inspect.signature(value).parameters:
+            continue  # part of its caller's session: the caller is retried
+        names.append(name)
+    return names
 
 
 def retrying_storage():
     """RDBStorage whose operations are retried while the server is away (a restart, a dropped connection) for
     store.transient.retry_seconds(), with a note on the process's log (`storage.log`, set by Shared).
+
+    Every database operation is retried, the private ones Optuna's own layers call included (its cached storage,
+    which every Study wraps an RDBStorage in, reads trials through `_get_trials` and writes through
+    `_create_new_trial` and `_set_trial_param`: left out, a worker's trial refresh died on a server restart).
+    A call made while another retried call of the same thread is under way runs plainly: the outer one is the
+    unit that is repeated, so an outage is waited out once, not once per level.
 
     Residual window: a trial created (ask) or popped from the queue whose commit reached the server just before
     the connection broke is created again (or the next queued trial popped) by the retry; the first stays RUNNING
@@ -155,17 +175,18 @@ def retrying_storage():
     from optuna.storages import RDBStorage
 
     def retried(name):
-        plain = getattr(RDBStorage, name)
-
-        @functools.wraps(plain)
+        @functools.wraps(getattr(RDBStorage, name))
         def method(self, *args, **kwargs):
-            return self._retry(plain, self, *args, **kwargs)
+            return self._retry(getattr(RDBStorage, name), self, *args, **kwargs)  # looked up at each call
         return method
 
     class RetryingRDBStorage(RDBStorage):
         log: Callable[[str], None] | None = None
+        _inside = threading.local()  # this thread is in a retried call already: the nested ones run plainly
 
         def _retry(self, fn, *args, **kwargs):
+            if getattr(self._inside, "depth", 0):
+                return fn(*args, **kwargs)
             outage = {}
 
             def note(error, left):
@@ -174,7 +195,14 @@ def retrying_storage():
                              f"retrying for up to {left:.0f} s")
                 outage.setdefault("since", time.monotonic())
 
-            result = transient.call(fn, *args, reset=lambda: reset_connections(self), on_retry=note, **kwargs)
+            def once(*a, **kw):
+                self._inside.depth = 1
+                try:
+                    return fn(*a, **kw)
+                finally:
+                    self._inside.depth = 0
+            once.__name__ = fn.__name__
+            result = transient.call(once, *args, reset=lambda: reset_connections(self), on_retry=note, **kwargs)
             if outage and self.log is not None:
                 self.log(f"note: the storage is back after {time.monotonic() - outage['since']:.1f} s")
             return result
@@ -197,8 +225,8 @@ def retrying_storage():
             attempt.__name__ = "set_trial_state_values"
             return self._retry(attempt)
 
-    for name in _RETRIED:
-        if hasattr(RDBStorage, name):
+    for name in retried_methods():
+        if name != "set_trial_state_values":
             setattr(RetryingRDBStorage, name, retried(name))
     _retrying_class = RetryingRDBStorage
     return RetryingRDBStorage
@@ -229,20 +257,49 @@ class StudyBusyError(ValueError):
 
 
 class StudyLock:
-    """A SQLite study's one search process, enforced: an exclusive flock on a file beside the database, taken
-    before the study is touched and held until the search ends. The kernel drops it when its holder dies (kill
-    -9, power), so a crashed run never blocks the next one, and that next run may fail the dead run's RUNNING
-    trials (Solo.start) knowing nobody is finishing them. Without it, two searches on one SQLite study time
-    configs twice, overshoot the budget, fail each other's live trials as a dead run's and crash on "database is
-    locked"."""
+    """A SQLite study's one search process, enforced: an exclusive flock, taken before the study is touched and
+    held until the search ends. The kernel drops it when its holder dies (kill -9, power), so a crashed run never
+    blocks the next one, and that next run may fail the dead run's RUNNING trials (Solo.start) knowing nobody is
+    finishing them. Without it, two searches on one SQLite study time configs twice, overshoot the budget, fail
+    each other's live trials as a dead run's and crash on "database is locked".
+
+    The lock is keyed on the database file's identity (st_dev, st_ino), not on the path it was named by: a hard
+    link, a symlink or a bind mount reaches the same study through another path, and a path-keyed lock let two
+    searches run on it at once. Two lock files, both named by that identity: one beside the path (seen by every
+    host and container that sees the file there) and one in the host's lock directory ($AUTOTUNE_LOCK_DIR or the
+    temp dir, where the GPU locks are: seen through every path to the file on this host). A missing database file
+    is created empty first (SQLite takes an empty file for an empty database), so that it has an identity."""
 
     def __init__(self, url: str, study_name: str):
         from ..store.storage_url import describe, sqlite_path
 
         db = sqlite_path(url).expanduser().resolve()
+        os.close(os.open(db, os.O_RDWR | os.O_CREAT, 0o666))  # exists now (empty if new), so it has an identity
+        identity = os.stat(db)
         safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", study_name)
-        self.path = db.parent / f".{db.name}.{safe}.lock"  # hidden, next to the file it guards
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        name = f".autotune-{identity.st_dev:x}-{identity.st_ino:x}.{safe}.lock"
+        self.paths = [db.parent / name, lock_dir() / name.lstrip(".")]
+        self.path = self.paths[0]
+        self._fds: list[int] = []
+        try:
+            for path in self.paths:
+                self._fds.append(self._take(path, url, study_name, describe))
+        except BaseException:
+            self.release()
+            raise
+        for fd in self._fds:
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+            except OSError:  # opened read-only (_take): the lock holds; the holder's name is not written
+                pass
+
+    @staticmethod
+    def _take(path, url: str, study_name: str, describe) -> int:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        except PermissionError:  # another user's lock file (a shared temp dir): flock needs only read access
+            fd = os.open(path, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -255,14 +312,22 @@ class StudyLock:
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
-        self._fd: int | None = fd
+        return fd
 
     def release(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            os.close(fd)  # closing drops the flock; the file stays (deleting it would race with a new holder)
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            os.close(fd)  # closing drops the flock; the files stay (deleting one would race with a new holder)
+
+
+def lock_dir():
+    """This host's directory of lock files: the study locks' second files and the GPU locks (distributed.GpuLock)."""
+    from pathlib import Path
+    import tempfile
+
+    directory = Path(os.environ.get(LOCK_DIR_ENV) or tempfile.gettempdir())
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
 
 
 def lock_study(url: str, study_name: str) -> StudyLock | None:
@@ -463,5 +528,5 @@ def for_storage(rdb, url: str, log: Callable[[str], None] = print):
 
 
 __all__ = ["DEFAULT_GRACE", "DEFAULT_HEARTBEAT", "Heartbeat", "MINE", "REFRESH_SECONDS", "Shared", "Solo",
-           "StudyBusyError", "StudyLock", "Verdict", "for_storage", "is_shared", "lock_study", "make_storage",
-           "reset_connections", "retrying_storage"]
+           "LOCK_DIR_ENV", "StudyBusyError", "StudyLock", "lock_dir", "Verdict", "for_storage", "is_shared", "lock_study", "make_storage",
+           "reset_connections", "retried_methods", "retrying_storage"]

@@ -24,7 +24,9 @@ released by the kernel if a worker dies): two kernels timed at once on one GPU w
 
 Ctrl-C: the terminal sends SIGINT to every process of the group; each worker fails its in-flight trials as
 'interrupted' (loop.py) and reports; the launcher waits for them, prints the summary and exits 130 without
-re-timing. A SIGINT sent to the launcher alone is forwarded to the workers. A launcher killed with SIGKILL takes
+re-timing. A SIGINT sent to the launcher alone is forwarded to the workers. SIGTERM (a scheduler stopping the
+job, to the group or to the launcher alone) is the same, forwarded as SIGTERM, exit 143, each process bounded by
+its grace period (interrupts.term_grace: the workers' ends WORKER_MARGIN_S before the launcher's). A launcher killed with SIGKILL takes
 its workers down with SIGINT (interrupts.exit_with_parent), so nothing runs on unsupervised.
 """
 from __future__ import annotations
@@ -36,12 +38,10 @@ import os
 import pickle
 import re
 import signal
-import tempfile
 import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import optuna
@@ -53,7 +53,7 @@ from . import coordination
 from .options import SearchInterrupted, SearchResult
 from .study import StudyMemory, status_counts
 
-LOCK_DIR_ENV = "AUTOTUNE_LOCK_DIR"   # where the per-GPU lock files live (default: the system temp dir)
+LOCK_DIR_ENV = coordination.LOCK_DIR_ENV  # where the per-GPU lock files live (default: the system temp dir)
 WORKER_ENV = "AUTOTUNE_WORKER"       # set in each worker (and its evaluation child) to its index
 
 
@@ -96,9 +96,7 @@ class GpuLock:
 
     def __init__(self, device: str):
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", device)
-        directory = Path(os.environ.get(LOCK_DIR_ENV) or tempfile.gettempdir())
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"autotune-gpu-{safe}.lock"
+        self.path = coordination.lock_dir() / f"autotune-gpu-{safe}.lock"
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -138,6 +136,7 @@ class WorkerRole:
 def _worker_main(conn, target, options, index: int, device: str | None, parent: int,
                  device_info: dict | None = None) -> None:
     interrupts.exit_with_parent(signal.SIGINT, parent)
+    interrupts.shorten_grace(interrupts.WORKER_MARGIN_S)  # after a SIGTERM the launcher, waiting for us, ends last
     if device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = device  # inherited by the evaluation child, before any CUDA init
     os.environ[WORKER_ENV] = str(index)
@@ -221,10 +220,10 @@ def run_workers(target: Callable, options, devices: list[str], log,
                     log(f"[w{index}] failed: {payload[1].strip().splitlines()[-1]}")
         except KeyboardInterrupt:
             interrupted = True
-            for p in procs:  # the terminal signalled them too; a SIGINT sent to the launcher alone was not
+            for p in procs:  # the terminal signalled them too; a signal sent to the launcher alone was not
                 if p.is_alive():
                     try:
-                        os.kill(p.pid, signal.SIGINT)
+                        os.kill(p.pid, interrupts.stop_signal())  # SIGTERM from a scheduler stays SIGTERM
                     except ProcessLookupError:
                         pass
     for p in procs:
@@ -295,7 +294,8 @@ def merge(session, options, summaries: dict, died: list[str], interrupted: bool)
                      f"{s['wall_seconds']:.1f} s; {s['stop_reason']}")
     lines += died
     if interrupted:
-        stop = "interrupted (Ctrl-C): the trials in flight were marked failed; run the same command to resume"
+        stop = (f"interrupted ({interrupts.cause()}): the trials in flight were marked failed; run the same command "
+                "to resume")
     else:
         target = f"reached {options.trials} evaluated trials"
         stop = target if memory.evaluated >= options.trials else (Counter(reasons).most_common(1)[0][0]

@@ -72,16 +72,16 @@ def run_search(options: SearchOptions, *, builder=None, evaluator=None, log: Cal
                store=None) -> SearchResult:
     """Run (or resume) the study described by `options`; returns what happened. See the module docstring.
 
-    Ctrl-C raises SearchInterrupted (a KeyboardInterrupt) carrying the result so far, after failing the trials
-    in flight. `options.workers > 1` runs that many worker processes on the study (distributed.py)."""
+    Ctrl-C or SIGTERM raises SearchInterrupted (a KeyboardInterrupt) carrying the result so far, after failing
+    the trials in flight (SIGTERM: within interrupts.term_grace()). `options.workers > 1` runs that many worker
+    processes on the study (distributed.py)."""
     options.check()
     studies.quiet_optuna()
     if options.replay is not None:
         options, builder, evaluator, store = plug_replay(options, builder, evaluator, store)
-    if options.workers > 1:
-        return _search(options, builder, evaluator, store, log, trials=_trials_in_workers)
-    with interrupts.deferred_interrupts():
-        return _search(options, builder, evaluator, store, log, trials=_trials_here)
+    trials = _trials_in_workers if options.workers > 1 else _trials_here
+    with interrupts.deferred_interrupts():  # the launcher too: a scheduler's SIGTERM may reach it alone
+        return _search(options, builder, evaluator, store, log, trials=trials)
 
 
 def _search(options: SearchOptions, builder, evaluator, store, log: Callable[[str], None], trials) -> SearchResult:
@@ -353,9 +353,10 @@ def _run_pipeline(loop: TrialLoop, options: SearchOptions, batch_size: int) -> t
     pipeline = Pipeline(loop, batch_size)
     try:
         leftovers = pipeline.run()
-    except KeyboardInterrupt:
-        n = abandon_through_interrupts(loop, "interrupted (Ctrl-C) before it was evaluated")
-        return (f"interrupted (Ctrl-C): {n} trial(s) in flight marked failed; run the same command again to "
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (interrupts.py)
+        why = interrupts.cause()
+        n = abandon_through_interrupts(loop, f"interrupted ({why}) before it was evaluated")
+        return (f"interrupted ({why}): {n} trial(s) in flight marked failed; run the same command again to "
                 "resume", pipeline, True)
     except BaseException:
         loop.abandon("interrupted before it was evaluated")

@@ -43,6 +43,7 @@ class Retimed:
     trial_tflops: float       # what the trial measured
     rounds: tuple[EvalOutcome, ...] = ()  # every round, in order (a failed one ends them)
     default_distance: int | None = None   # axes that differ from its family's default (0: the default itself)
+    cubin_hash: str | None = None         # sha256 of the cubin these rounds timed (the stored row records it)
 
     @property
     def ok(self) -> bool:
@@ -143,7 +144,7 @@ def retime_and_baselines(top: list, builder, evaluator, shape: Shape, *, rounds:
             if not build.ok:
                 outcomes = [EvalOutcome("crashed", f"rebuild failed: {build.error}")]
             r = Retimed(t.number, config, summarize(outcomes), float(t.value), tuple(outcomes),
-                        default_distance(config, shape, arch))
+                        default_distance(config, shape, arch), build.cubin_hash if build.ok else None)
             retimed.append(r)
             if not r.ok:
                 notes.append(f"trial #{t.number} failed its re-timing ({r.outcome.status}: {r.outcome.reason}); "
@@ -193,6 +194,7 @@ def store_best(store, best: Retimed, shape: Shape, gpu_name: str, arch: Arch, st
         shape, gpu_name, arch.name, best.config, best.outcome.tflops, time_ms=best.outcome.time_ms,
         spread_ms=best.outcome.spread_ms, study=study_name, trial=best.number,
         kernel_source_hash=prov.get("kernel_source_hash"), nvcc_version=prov.get("nvcc_version"),
+        cubin_hash=best.cubin_hash,
     )
     return store.record_best(entry)
 

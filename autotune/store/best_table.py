@@ -4,13 +4,18 @@ The runtime and `autotune best` read this table and never parse trials. One row 
 
     (gpu_name, arch, dtype, head_dim, causal, seqlen, seqlen_k, batch, heads, kv_heads)
 
-holding the winning config with its speed and provenance (study, trial, kernel source hash, nvcc version, date).
+holding the winning config with its speed and provenance (study, trial, kernel source hash, nvcc version, date)
+and the sha256 of the cubin it was measured with (`cubin_hash`), which the runtime checks a cached kernel against
+before it loads it (build/builder.py: a kernel cache may be shared, and is not trusted on its own word).
 
 Nothing a user stored is lost: `record_best` keeps whichever row is faster, and when a faster row replaces a
 slower one the slower one is moved to `autotune_best_replaced` (same columns plus when and by what), never
 deleted. Our tables use their own SQLAlchemy metadata, so creating them never touches Optuna's tables, and the
-schema version sits in `autotune_meta` (Optuna's `alembic_version` table is Optuna's) so that a later alembic
-revision of ours knows what it is migrating from.
+schema version sits in `autotune_meta` (Optuna's `alembic_version` table is Optuna's) and says what an opening
+migrates from. Versions: 1, the first; 2 adds the nullable `cubin_hash` to both tables. Opening a version-1 table
+for writing adds the column (ALTER TABLE ... ADD COLUMN, by whichever of several processes opening at once gets
+there first) and writes 2; its old rows keep every value and have no cubin hash. Opened read-only, a version-1
+table is read as it is (nothing is written), its rows without a hash.
 
 Export/import is reviewable JSON: rows sorted by key, keys sorted, indented; import merges row by row with the
 same keep-the-faster rule and reports what it did.
@@ -24,21 +29,24 @@ import importlib
 import json
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (JSON, Boolean, DateTime, Float, Integer, MetaData, String, UniqueConstraint, create_engine, inspect,
-                        select, update)
+                        select, text, update)
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, defer, mapped_column
 
 import space
 
-from . import storage_url, tables
+from . import storage_url, tables, transient
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+ADDED_COLUMNS = {2: ("cubin_hash",)}  # schema version → the columns it added (migrated on a writable open)
 TABLE = "autotune_best"
 REPLACED_TABLE = "autotune_best_replaced"
 META_TABLE = "autotune_meta"
@@ -47,7 +55,7 @@ EXPORT_FORMAT = "autotune-best"
 
 KEY_FIELDS = ("gpu_name", "arch", "dtype", "head_dim", "causal", "seqlen", "seqlen_k", "batch", "heads", "kv_heads")
 VALUE_FIELDS = ("family", "config_key", "config", "tflops", "time_ms", "spread_ms", "study", "trial",
-                "kernel_source_hash", "nvcc_version", "created")
+                "kernel_source_hash", "nvcc_version", "created", "cubin_hash")
 
 
 class StoreError(RuntimeError):
@@ -80,6 +88,7 @@ class _Columns:
     kernel_source_hash: Mapped[str | None] = mapped_column(String(128), nullable=True)
     nvcc_version: Mapped[str | None] = mapped_column(String(512), nullable=True)
     created: Mapped[dt.datetime] = mapped_column(DateTime)  # naive UTC: SQLite keeps no zone
+    cubin_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)  # schema 2: sha256 of the cubin timed
 
 
 class _BestRow(_Columns, _Base):
@@ -141,6 +150,7 @@ class BestEntry:
     kernel_source_hash: str | None = None
     nvcc_version: str | None = None
     created: dt.datetime = field(default_factory=utcnow)
+    cubin_hash: str | None = None  # sha256 (hex) of the cubin the row was measured with; None for older rows
 
     def __post_init__(self):
         if not isinstance(self.tflops, (int, float)) or not math.isfinite(self.tflops) or self.tflops <= 0:
@@ -199,7 +209,8 @@ class BestEntry:
 
     @classmethod
     def _from_row(cls, row: _Columns) -> "BestEntry":
-        return cls(**{f: getattr(row, f) for f in KEY_FIELDS + VALUE_FIELDS})
+        unread = sa_inspect(row).unloaded  # columns a version-1 table lacks (BestStore._query): their defaults
+        return cls(**{f: getattr(row, f) for f in KEY_FIELDS + VALUE_FIELDS if f not in unread})
 
     def _columns(self) -> dict[str, Any]:
         d = {f: getattr(self, f) for f in KEY_FIELDS + VALUE_FIELDS}
@@ -255,6 +266,8 @@ def row_problem(e: BestEntry) -> str | None:
             return f"{name}: expected a {low} finite number, got {v!r}"
     if e.trial is not None and (isinstance(e.trial, bool) or not isinstance(e.trial, int) or e.trial < 0):
         return f"trial: expected a trial number, got {e.trial!r}"
+    if e.cubin_hash is not None and not (isinstance(e.cubin_hash, str) and re.fullmatch(r"[0-9a-f]{64}", e.cubin_hash)):
+        return f"cubin_hash: expected a sha256 in hex (64 characters 0-9a-f), got {e.cubin_hash!r}"
     broken = space.violations(config, shape.problem, arch)
     if broken:
         return f"{e.config_key} cannot run on {arch.name} for {shape.problem.key}: {'; '.join(map(str, broken))}"
@@ -300,7 +313,8 @@ class BestStore:
             if read_only:
                 self._has_table = inspect(self.engine).has_table(TABLE)
             else:
-                tables.create_missing(_Base.metadata, self.engine)  # hosts finishing together: tables.py
+                # hosts finishing together (tables.py), through a server restart (transient.py)
+                transient.call(tables.create_missing, _Base.metadata, self.engine, reset=self.engine.dispose)
                 self._has_table = True
             self._check_schema()
         except SQLAlchemyError as e:  # passed prepare's checks, failed on use: still one line, still untouched
@@ -319,6 +333,7 @@ class BestStore:
     # -- schema ---------------------------------------------------------------------------------------------
 
     def _check_schema(self) -> None:
+        self._unread: tuple[str, ...] = ()  # columns the table lacks (an older schema read read-only)
         if self.read_only:
             if not inspect(self.engine).has_table(META_TABLE):
                 return
@@ -337,7 +352,42 @@ class BestStore:
         if found > SCHEMA_VERSION:
             raise StoreError(f"{storage_url.describe(self.url)}: table {TABLE} has schema version {found}, newer "
                              f"than this autotune's {SCHEMA_VERSION}; upgrade autotune")
-        # found < SCHEMA_VERSION cannot happen yet; a later version migrates here (an alembic revision of ours).
+        added = tuple(c for version in range(found + 1, SCHEMA_VERSION + 1) for c in ADDED_COLUMNS.get(version, ()))
+        if not added:
+            return
+        if self.read_only:
+            present = {c["name"] for c in inspect(self.engine).get_columns(TABLE)} if self._has_table else set()
+            self._unread = tuple(c for c in added if c not in present)
+            return
+        self._migrate(found, added)
+
+    def _migrate(self, found: int, added: tuple[str, ...]) -> None:
+        """From schema `found` to SCHEMA_VERSION: add the columns the versions since added, to both tables (nullable:
+        old rows keep every value). Several processes may migrate at once: a column another one added between our
+        look and our ALTER is fine."""
+        for table in (TABLE, REPLACED_TABLE):
+            for name in added:
+                column = _BestRow.__table__.c[name]
+                kind = column.type.compile(dialect=self.engine.dialect)
+                if name in {c["name"] for c in inspect(self.engine).get_columns(table)}:
+                    continue
+                try:
+                    with self.engine.begin() as conn:
+                        conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {kind}"))
+                except SQLAlchemyError:
+                    if name not in {c["name"] for c in inspect(self.engine).get_columns(table)}:
+                        raise
+        with Session(self.engine) as s, s.begin():  # written last: a migration cut short is done again next time
+            row = s.get(_MetaRow, SCHEMA_KEY)
+            if int(row.value) < SCHEMA_VERSION:
+                row.value = str(SCHEMA_VERSION)
+
+    def _query(self, *where, **filters):
+        """select(_BestRow) for the columns the table has (an older schema read read-only lacks some)."""
+        query = select(_BestRow).filter_by(**filters)
+        if where:
+            query = query.where(*where)
+        return query.options(*(defer(getattr(_BestRow, c), raiseload=True) for c in self._unread))
 
     def _write_schema_version(self) -> int | None:
         """The stored schema version, or None after writing ours into a table that had none."""
@@ -364,7 +414,10 @@ class BestStore:
             raise StoreError(f"{storage_url.describe(self.url)}: opened read-only; cannot record a row")
         for attempt in range(2):
             try:
-                return self._record(entry, source or f"{entry.study} #{entry.trial}")
+                # One transaction, retried through a server restart like every storage call (transient.py). A try
+                # whose commit went through just before its connection broke is read back by the next: "kept".
+                return transient.call(self._record, entry, source or f"{entry.study} #{entry.trial}",
+                                      reset=self.engine.dispose)
             except IntegrityError:  # another process inserted the same key between our select and insert
                 if attempt:
                     raise
@@ -396,7 +449,7 @@ class BestStore:
         if not self._has_table:
             return None
         with Session(self.engine) as s:
-            row = s.scalars(select(_BestRow).filter_by(**shape_key(gpu_name, arch, shape))).one_or_none()
+            row = s.scalars(self._query(**shape_key(gpu_name, arch, shape))).one_or_none()
             return BestEntry._from_row(row) if row else None
 
     def all_rows(self, *, gpu: str | None = None, **filters) -> list[BestEntry]:
@@ -409,7 +462,7 @@ class BestStore:
             raise ValueError(f"filters: unknown column(s) {unknown}; expected some of {list(KEY_FIELDS)} or gpu")
         if not self._has_table:  # a read-only storage our tables were never created in (an Optuna-only one)
             return []
-        query = select(_BestRow).filter_by(**{k: v for k, v in filters.items() if v is not None})
+        query = self._query(**{k: v for k, v in filters.items() if v is not None})
         rows, self.skipped = [], []
         with Session(self.engine) as s:
             for r in s.scalars(query):
@@ -441,7 +494,9 @@ class BestStore:
             return []
         with Session(self.engine) as s:
             out = []
-            for r in s.scalars(select(_ReplacedRow).order_by(_ReplacedRow.id)):
+            query = select(_ReplacedRow).order_by(_ReplacedRow.id).options(
+                *(defer(getattr(_ReplacedRow, c), raiseload=True) for c in self._unread))
+            for r in s.scalars(query):
                 d = BestEntry._from_row(r).to_json()
                 d.update(replaced=r.replaced.isoformat() + "Z", replaced_by=r.replaced_by)
                 out.append(d)

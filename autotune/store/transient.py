@@ -4,7 +4,10 @@ A long search outlives them. `call` retries one storage operation with backoff f
 (`retry_seconds()`: $AUTOTUNE_STORAGE_RETRY, default 120 s), dropping the pooled connections before each retry
 (after `pg_ctl restart` every pooled connection is dead, and pool_pre_ping alone does not cover a connection
 that broke in the middle of a transaction); anything else, or an outage longer than the bound, is raised as it
-was. The search's Optuna storage (search/coordination.py) and the claims table (claims.py) go through it.
+was. It is the one retry policy of every storage call that can meet such an error: every database operation of
+the search's Optuna storage (search/coordination.retrying_storage: all of RDBStorage's units of work, the private
+ones Optuna's cached storage calls included), the claims table (claims.py) and the best table's writes
+(best_table.py: opening it, record_best).
 
 What counts as transient: the driver's OperationalError/InterfaceError (connection refused, "terminating
 connection due to administrator command", "the database system is starting up", "server closed the connection
