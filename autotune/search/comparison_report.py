@@ -94,6 +94,7 @@ def markdown(c: Comparison, plot_name: str | None = None) -> str:
     lines = [f"Generated from {len(c.landscapes)} landscape(s): {c.seeds} seeds per sampler, lag {c.lag} "
              f"(configs asked but not yet told when the sampler is asked again), "
              f"{'the heuristic default enqueued first as `autotune search` does' if c.enqueue_default else 'cold start (no default enqueued)'}, "
+             f"{'each evaluation drawn from the recorded sessions (`--noise`: the sampler is told the draw, trials count the recorded figure), ' if c.noise else ''}"
              f"runs capped at {c.trials or f'{BUDGET_MULTIPLE} × {c.budget}'} trials (at most every config of a "
              f"landscape) and stopped early once past "
              f"{c.budget} trials and 99 % of the optimum. Cells: median [25th–75th percentile] over the seeds; "
