@@ -3,7 +3,8 @@ child process like the real one.
 
 Deterministic fake speed from the config; it checks that the cubin it was handed really exists (the build layer
 is real in these tests). Behaviour per config comes from a JSON plan named by $AUTOTUNE_DOUBLE_PLAN:
-{"<config key>": "crash" | "hang" | "wrong" | "raise" | "crash_once" | "hang_once" | "slow" | "meet" | "gate"}; "slow"
+{"<config key>": "crash" | "hang" | "wrong" | "raise" | "crash_once" | "hang_once" | "slow" | "meet" | "gate" |
+"boost"}; "boost" answers 1.3 × the config's usual figure (a config that another process measures faster); "slow"
 sleeps $AUTOTUNE_DOUBLE_SLOW seconds (default 1) before answering, for tests that must catch an evaluation in
 flight; "meet" waits (up to 40 s, well inside the tests' 60 s evaluation timeout) until another worker
 process has started an evaluation too, so that a test of several workers does not depend on how fast the
@@ -120,7 +121,7 @@ def evaluate(build, shape):
         raise RuntimeError("CUDA error: an illegal memory access was encountered (double)")
     if action == "wrong":
         return Evaluation("wrong", key, shape.key, reason="double: max error 1.5 > tolerance 0.002", max_error=1.5)
-    tflops = fake_tflops(build.config)
+    tflops = fake_tflops(build.config) * (1.3 if action == "boost" else 1.0)
     ms = shape.flops / (tflops * 1e12) * 1e3
     _log("evaluated", config_key=key, started=started, ended=time.time())
     return Evaluation("complete", key, shape.key, max_error=1e-3, median_ms=ms, p20_ms=ms * 0.99,

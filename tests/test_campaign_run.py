@@ -13,6 +13,7 @@ import search_doubles
 from autotune.cli import main
 from autotune.search import campaign, campaign_run, campaign_table
 from autotune.search.loop import SearchOptions
+from autotune.store.best_table import BestStore
 from space import Shape
 from test_campaign import RUNNER_UP, WIN
 from test_search import ARCH, DEFAULT, SHAPE, SpyBuilder
@@ -76,6 +77,9 @@ def test_a_shape_cut_by_the_budget_resumes_and_finished_shapes_are_skipped(env):
     assert any(line.startswith(f"campaign [1/2] {S1.key}: ") and "[cut by the budget]" in line for line in lines)
     first_rows = campaign_table.shape_rows(plans, first.gpu_name)
     assert [r.state for r in first_rows] == ["unfinished", "not started"]
+    with BestStore(env["url"]) as store:  # held for a second pass it did not get (unfinished): stored at the end
+        assert store.lookup(search_doubles.GPU_NAME, "sm_80", S1).config_key == DEFAULT.key
+    assert first.outcomes[0].second_pass is None
 
     control.plan({})
     mark = control.mark()
@@ -113,7 +117,7 @@ def test_the_budget_stops_the_run_before_a_shape_it_cannot_fit(env, capsys):
     assert "campaign: budget: " in out and "continues from b1-h2-n256-d128-fp16-full" in out
     assert "== campaign" not in out and out.count("not started") == 2
     assert env["control"].evaluated() == []
-    assert table.read_text().splitlines()[2] == "| b1-h2-n256-d128-fp16-full | not started | - | - | 0 | - |"
+    assert table.read_text().splitlines()[2] == "| b1-h2-n256-d128-fp16-full | not started | - | - | - | 0 | - |"
     import sqlite3
 
     with sqlite3.connect(snapshot) as db:  # a copy of the storage, with Optuna's tables in it
@@ -143,21 +147,66 @@ def test_every_binary_is_built_once_per_campaign(env):
     assert sorted(asked) == sorted(set(asked)) and {WIN.key, RUNNER_UP.key, DEFAULT.key} <= set(asked)
 
 
+def test_the_second_pass_retimes_the_finalists_in_another_process_and_ships_the_best_across_both(env):
+    control = env["control"]
+    plans = [opts(env, S1, enqueue=(WIN, RUNNER_UP), trials=3, retime_top=2, retime_within=0.0, retime_rounds=2)]
+    seen = {}
+
+    def log(line: str) -> None:
+        if line.startswith("== campaign second pass"):
+            seen["mark"] = control.mark()
+            with BestStore(env["url"]) as store:  # the first pass's winner is held, not stored yet
+                seen["stored before"] = store.lookup(search_doubles.GPU_NAME, "sm_80", S1)
+            control.plan({RUNNER_UP: "boost"})  # the later process measures the runner-up 30 % faster
+
+    done = campaign_run.run(plans, log=log)
+    assert seen["stored before"] is None
+    first, second = control.calls()[:seen["mark"]], control.calls()[seen["mark"]:]
+    assert {c["config_key"] for c in second} == {WIN.key, RUNNER_UP.key} and len(second) == 4  # 2 finalists × 2
+    assert {c["pid"] for c in second}.isdisjoint({c["pid"] for c in first})  # another evaluator process
+    result = done.outcomes[0].second_pass
+    f = search_doubles.fake_tflops
+    assert result.shipped.config_key == RUNNER_UP.key and result.first_winner != result.shipped.number
+    assert result.shipped.figure == pytest.approx((f(RUNNER_UP) * 1.3 * f(RUNNER_UP)) ** 0.5)
+    assert result.shipped.figure > (f(WIN) * f(WIN)) ** 0.5  # the best across both passes
+    with BestStore(env["url"]) as store:
+        row = store.lookup(search_doubles.GPU_NAME, "sm_80", S1)
+    assert row.config_key == RUNNER_UP.key and row.tflops == pytest.approx(result.shipped.figure)
+    import optuna
+
+    study = optuna.load_study(study_name=campaign_run.study_name(plans[0], done.gpu_name), storage=env["url"])
+    attr = study.user_attrs["second_pass"]
+    by_key = {x["config_key"]: x for x in attr["finalists"]}
+    assert by_key[WIN.key]["first_tflops"] == pytest.approx(f(WIN))
+    assert by_key[WIN.key]["second_tflops"] == pytest.approx(f(WIN))
+    assert by_key[RUNNER_UP.key]["second_tflops"] == pytest.approx(1.3 * f(RUNNER_UP))
+    (table_row,) = campaign_table.shape_rows(plans, done.gpu_name)  # the table shows what was stored
+    assert table_row.config_key == RUNNER_UP.key and table_row.passes == pytest.approx(
+        (f(RUNNER_UP), 1.3 * f(RUNNER_UP)))
+    mark = control.mark()
+    again = campaign_run.run(plans, log=lambda _: None)  # finished, second pass done: nothing runs again
+    assert control.mark() == mark and again.outcomes[0].state == "finished earlier"
+
+
 def test_the_closing_table_text_and_markdown():
-    rows = [campaign_table.ShapeRow(S1, "finished", WIN.key, 512.25, "sdpa_cudnn", 500.0, 12, 17.5),
+    rows = [campaign_table.ShapeRow(S1, "finished", WIN.key, 512.25, "sdpa_cudnn", 500.0, 12, 17.5, (510.0, 514.5)),
             campaign_table.ShapeRow(S2, "unfinished", RUNNER_UP.key, 400.0, "fa4", 500.0, 5, 9.0),
             campaign_table.ShapeRow(dataclasses.replace(S1, causal=True), "not started")]
     text = campaign_table.format_table(rows)
     lines = text.splitlines()
-    assert lines[0].split() == ["shape", "best", "config", "TFLOPS", "vs", "best", "peer", "trials", "seconds"]
+    assert lines[0].split() == ["shape", "best", "config", "TFLOPS", "passes", "vs", "best", "peer", "trials",
+                                "seconds"]
     first = lines[2]
-    assert first.startswith(f"  {S1.key}") and first.split()[-5:] == ["512.2", "1.02×", "sdpa_cudnn", "12", "17.5"]
+    assert first.startswith(f"  {S1.key}") and first.split()[-8:] == ["512.2", "510.0", "/", "514.5", "1.02×",
+                                                                     "sdpa_cudnn", "12", "17.5"]
     assert "(unfinished)" in lines[3] and "0.80× fa4" in lines[3]
-    assert lines[4].split()[1:] == ["not", "started", "-", "-", "0", "-"]
+    assert lines[4].split()[1:] == ["not", "started", "-", "-", "-", "0", "-"]
     assert lines[-1] == "  1 of 3 shape(s) finished; 17.5 s per finished shape on average (18 s); vs best peer 0.80-1.02×"
     md = campaign_table.format_table(rows, markdown=True).splitlines()
-    assert md[0] == "| shape | best config | TFLOPS | vs best peer | trials | seconds |" and md[1] == "|---|---|---|---|---|---|"
-    assert md[2] == (f"| {S1.key} | {campaign_table.short_config(WIN.key)} | 512.2 | 1.02× sdpa_cudnn | 12 | 17.5 |")
+    assert md[0] == "| shape | best config | TFLOPS | passes | vs best peer | trials | seconds |"
+    assert md[1] == "|---|---|---|---|---|---|---|"
+    assert md[2] == (f"| {S1.key} | {campaign_table.short_config(WIN.key)} | 512.2 | 510.0 / 514.5 | 1.02× sdpa_cudnn "
+                     "| 12 | 17.5 |")
     assert campaign_table.short_config("wgmma:consumer_wgs=2,bc=128,stages=3,setmaxnreg=1,overlap=1,pingpong=0,"
                                        "o_store=smem,min_blocks=1,scheduler=grid,o_rescale=after") == \
         "wgmma cw2 bc128 st3 se1 ov1 pi0 os=smem mb1 sc=grid or=after"

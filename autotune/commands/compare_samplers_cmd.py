@@ -41,6 +41,9 @@ def add_parser(subparsers) -> None:
                         "as the search's pipeline with 16 build jobs; 0: sequential)")
     p.add_argument("--cold", action="store_true",
                    help="do not enqueue the heuristic default first (the search does)")
+    p.add_argument("--noise", action="store_true",
+                   help="every evaluation draws its figure from the landscape's recorded re-measurement sessions "
+                        "(or their spread), seeded by the run's seed; trials count the configs' recorded figures")
     p.add_argument("--jobs", type=int, default=None, help="parallel simulations (default: CPU count)")
     p.add_argument("--markdown", default=None, metavar="FILE",
                    help="rewrite the generated section of FILE (e.g. docs/search.md) with the tables")
@@ -65,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         comparison = compare(args.replay, samplers=args.samplers, seeds=args.seeds, trials=args.trials,
                              budget=args.budget, best_at=args.best_at, lag=args.lag, enqueue_default=not args.cold, jobs=jobs,
+                             noise=args.noise,
                              log=lambda line: print(line, file=sys.stderr, flush=True))
     except (LandscapeError, ValueError) as err:
         return _fail(str(err))

@@ -96,13 +96,19 @@ def add_parser(subparsers) -> None:
     s.add_argument("--enqueue", action="append", default=[], metavar="CONFIG_KEY",
                    help="try this config first (repeatable), e.g. a known good one from `autotune best`")
     s.add_argument("--retime", type=int, default=5, metavar="N",
-                   help="re-time the top N configs in one session before storing the best (default 5)")
+                   help="re-time at least the top N configs in one session before storing the best (default 5)")
+    s.add_argument("--retime-within", type=float, default=0.03, metavar="FRACTION",
+                   help="... and every other trial within FRACTION of the best trial's figure (default 0.03)")
+    s.add_argument("--retime-cap", type=int, default=10, metavar="N",
+                   help="... up to N finalists in all (default 10)")
     s.add_argument("--no-sweep", dest="sweep", action="store_false",
                    help="always use the sampler; by default, when the searched families have no more valid configs "
                         "than --trials, the search tries them all (docs/search.md)")
     s.add_argument("--retime-rounds", type=int, default=3, metavar="R",
-                   help="rounds of that re-timing, interleaved (A B C, A B C, ...); a winner whose rounds overlap "
-                        "the runner-up's is a tie, and the simplest tied config is kept (default 3)")
+                   help="rounds of that re-timing, interleaved (A B C, A B C, ...), for every finalist (default 3)")
+    s.add_argument("--retime-max-rounds", type=int, default=None, metavar="R",
+                   help="then more rounds for the finalists not measurably slower than the leader, until it is "
+                        "separated or R rounds are spent; the fastest median is kept (default 8, docs/search.md)")
     s.add_argument("--warm-start", type=int, default=None, metavar="K",
                    help="a fresh study first tries the best K configs of the nearest tuned shapes (default 0; "
                         "4 with several --seqlen values)")
@@ -143,11 +149,16 @@ def add_parser(subparsers) -> None:
                         f"asking for others is an error), and it can vary {REPLAY_VARIES}; a config the file lacks "
                         "is an error, studies go to an in-memory database unless --storage is given, and no best "
                         "config is stored")
+    e.add_argument("--replay-noise", type=int, default=None, metavar="SEED",
+                   help="with --replay: each evaluation draws its figure from the landscape's recorded "
+                        "re-measurement sessions (or their spread), seeded, instead of the one recorded figure, so "
+                        "the finale can tie as on a GPU (docs/search.md)")
     p.set_defaults(run=run)
 
 
-REPLAY_VARIES = ("--sampler, --seed, --trials, --timeout, --max-asks, --enqueue, --retime, --retime-rounds, "
-                 "--no-sweep and --family (among the recorded families)")
+REPLAY_VARIES = ("--sampler, --seed, --trials, --timeout, --max-asks, --enqueue, --retime, --retime-within, "
+                 "--retime-cap, --retime-rounds, --retime-max-rounds, --replay-noise, --no-sweep and --family "
+                 "(among the recorded families)")
 
 
 def replay_shape(args: argparse.Namespace, replay) -> space.Shape:
@@ -199,8 +210,9 @@ def options_from_args(args: argparse.Namespace):
         storage=args.storage, study_name=args.study, arch=args.arch,
         families=tuple(args.family) if args.family else None, spill_policy=SpillPolicy.parse(args.spill_policy),
         jobs=args.jobs, ahead=args.ahead, eval_timeout=args.eval_timeout, cache_dir=args.cache_dir,
-        retime_top=args.retime, retime_rounds=args.retime_rounds, sweep=args.sweep, enqueue=tuple(enqueue),
-        max_asks=args.max_asks, replay=replay,
+        retime_top=args.retime, retime_within=args.retime_within, retime_cap=args.retime_cap,
+        retime_rounds=args.retime_rounds, retime_max_rounds=args.retime_max_rounds, sweep=args.sweep, enqueue=tuple(enqueue),
+        max_asks=args.max_asks, replay=replay, replay_noise=args.replay_noise,
         workers=args.workers, gpus=tuple(d for d in args.gpus.split(",") if d.strip()) if args.gpus else None,
         heartbeat=args.heartbeat, grace=args.grace, warm_start=args.warm_start or 0,
         **({"evaluator": args.evaluator} if args.evaluator else {}),

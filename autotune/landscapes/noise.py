@@ -147,15 +147,22 @@ class NoiseBand:
                 f"within one session {100 * self.within:.2f} %")
 
 
+def comparable_sessions(landscape: Landscape) -> set[str]:
+    """The ids of the sessions like the latest one: its GPU model, kernel sources and nvcc (none: no session)."""
+    sessions = landscape.sessions
+    if not sessions:
+        return set()
+    latest = sessions[-1]
+    return {s["id"] for s in sessions
+            if all(s.get(k) == latest.get(k) for k in ("gpu_name", "kernel_source_hash", "nvcc_version"))}
+
+
 def noise_band(landscape: Landscape) -> NoiseBand:
     """The cross-session band (module docstring); ValueError when fewer than two sessions measured the latest
     session's kernel sources with its nvcc on its GPU model, or no config completed in two of them."""
-    sessions = landscape.sessions
-    if not sessions:
+    if not landscape.sessions:
         raise ValueError(f"{landscape.name}: no re-measurement session recorded (benchmarks/landscape_noise.py)")
-    latest = sessions[-1]
-    same = {s["id"] for s in sessions
-            if all(s.get(k) == latest.get(k) for k in ("gpu_name", "kernel_source_hash", "nvcc_version"))}
+    same = comparable_sessions(landscape)
     if len(same) < 2:
         raise ValueError(f"{landscape.name}: {len(same)} session(s) measured the latest kernel sources; the noise "
                          "band needs at least two (run benchmarks/landscape_noise.py in another GPU session)")
@@ -171,5 +178,5 @@ def noise_band(landscape: Landscape) -> NoiseBand:
                      statistics.median(within))
 
 
-__all__ = ["DEFAULT_ROUNDS", "DEFAULT_TOP", "NoiseBand", "TableRow", "format_table", "new_session", "noise_band",
+__all__ = ["DEFAULT_ROUNDS", "DEFAULT_TOP", "NoiseBand", "TableRow", "comparable_sessions", "format_table", "new_session", "noise_band",
            "record", "remeasure", "session_table", "top_rows"]

@@ -3,6 +3,8 @@
 `ReplayBuilder.build` returns, for each config, the BuildResult the recording saw (ptxas report, compile error,
 cubin hash), and `ReplayEvaluator` returns the recorded outcome (TFLOPS, median, spread, wrong/crashed/timeout).
 Nothing is compiled or run, so sampler behaviour can be studied on a CPU with exactly the search's code.
+Without noise every evaluation of a config answers its one recorded figure; with a ReplayNoise (replay_noise.py)
+each draws one from the landscape's recorded re-measurement sessions, seeded, so the finale can tie as on a GPU.
 
 A config the landscape has no row for is an error naming the config (MissingConfigError), never a guess: a
 replay that silently invented values would make any comparison meaningless. The same goes for asking the
@@ -26,6 +28,7 @@ from space import Config, Problem, Shape
 
 from ..build.builder import BuildResult
 from .landscape_file import BUILD_FIELDS, Landscape, Row
+from .replay_noise import ReplayNoise
 from ..build.ptxas import BuildReport
 from ..measure.child_process import EvalOutcome
 
@@ -98,10 +101,13 @@ BUILD_PACE_ENV = "AUTOTUNE_REPLAY_BUILD_SECONDS"
 
 
 class ReplayEvaluator:
-    """Evaluator-shaped (submit/wait/evaluate/baselines/device_info/close), answered from the landscape."""
+    """Evaluator-shaped (submit/wait/evaluate/baselines/device_info/close), answered from the landscape; with
+    `noise` (replay_noise.ReplayNoise), each complete row's figure is drawn from the recorded sessions."""
 
-    def __init__(self, landscape: Landscape):
+    def __init__(self, landscape: Landscape, noise: ReplayNoise | None = None):
         self.landscape = landscape
+        self.noise = noise
+        self.times: dict[str, int] = {}  # evaluations per config so far: which draw of the noise is next
         self.shape = landscape.shape
         self._pending: EvalOutcome | None = None
         self._ready = 0.0  # monotonic time the pending outcome is answered (module docstring: pacing)
@@ -123,7 +129,15 @@ class ReplayEvaluator:
                                           "skipped it) the")
         spread = row.spread_ms
         if row.status == "complete":
-            return EvalOutcome("complete", row.reason or "", row.tflops, row.median_ms, spread, row.max_error,
+            tflops, median_ms = row.tflops, row.median_ms
+            if self.noise is not None:
+                n = self.times.get(row.config_key, 0)
+                self.times[row.config_key] = n + 1
+                tflops = self.noise.tflops(row, n)
+                scale = row.tflops / tflops  # the time moves against the speed; the reps' spread with it
+                median_ms = median_ms * scale if median_ms else median_ms
+                spread = spread * scale if spread else spread
+            return EvalOutcome("complete", row.reason or "", tflops, median_ms, spread, row.max_error,
                                row.blocks_per_sm)
         return EvalOutcome(row.status, row.reason or row.status, None, row.median_ms, spread, row.max_error,
                            row.blocks_per_sm)

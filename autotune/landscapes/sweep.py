@@ -65,6 +65,7 @@ class SweepOptions:
     spill_policy: SpillPolicy = field(default_factory=SpillPolicy)
     seed: int = 0                             # measuring order
     fresh: bool = False                       # overwrite an existing file instead of resuming it
+    replace_stale: bool = False               # overwrite a file recorded with other RESUME_KEYS (or unreadable now)
     build_only: bool = False                  # build and report; measure and write nothing (no GPU)
     limit: int | None = None                  # first N configs (of the seeded order) per shape: smoke tests
     nvcc_flags: tuple[str, ...] = ()
@@ -222,8 +223,21 @@ def _prepare(shape: Shape, options: SweepOptions, arch: Arch, families, gpu_name
         else landscape_mod.default_path(shape, gpu_name, families))
     landscape = Landscape(header, path=path)
     resumed = 0
+    old = None
     if path.exists() and not options.fresh:
-        old = landscape_mod.load(path)
+        try:
+            old = landscape_mod.load(path)
+        except landscape_mod.LandscapeError as e:
+            if not options.replace_stale:
+                raise
+            log(f"{shape.key}: {path} cannot be read against today's space ({e}); recording it afresh")
+    if old is not None:
+        differ = [k for k in RESUME_KEYS if old.header.get(k) != header.get(k)]
+        if differ and options.replace_stale:
+            log(f"{shape.key}: {path} was recorded with another {', '.join(differ)}; recording it afresh "
+                "(the old file is in the repository's history)")
+            old = None
+    if old is not None:
         differ = [k for k in RESUME_KEYS if old.header.get(k) != header.get(k)]
         if differ:
             def show(h, k):

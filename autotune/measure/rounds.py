@@ -15,6 +15,8 @@ import statistics
 
 from .child_process import EvalOutcome
 
+P20_P80_WIDTH = 1.683  # (p80 - p20) / σ of a normal distribution: an evaluation's reps spread as a σ
+
 
 def interleave(evaluator, builds: list, shape, rounds: int) -> list[list[EvalOutcome]]:
     """Each build's outcomes, in round order; a None build is skipped (no outcomes)."""
@@ -47,4 +49,4 @@ def summarize(outcomes: list[EvalOutcome]) -> EvalOutcome:
                        first.blocks_per_sm)
 
 
-__all__ = ["interleave", "summarize"]
+__all__ = ["P20_P80_WIDTH", "interleave", "summarize"]

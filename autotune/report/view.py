@@ -89,7 +89,7 @@ class Retimed:
     trial: int
     config_key: str
     tflops: float
-    chosen: bool = False  # the config the search stored (a tie keeps the simplest, not the fastest)
+    chosen: bool = False  # the config the search stored (the fastest median; older studies: a tie kept the simplest)
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,8 @@ SEARCH_KEYS: dict[str, tuple[str, Callable]] = {
     "trials": ("trials", _number(int)), "timeout": ("timeout", _number(float)), "sampler": ("sampler", str),
     "seed": ("seed", _number(int)), "family": ("families", _families), "spill_policy": ("spill_policy", _spill),
     "enqueue": ("enqueue", _configs), "retime": ("retime_top", _number(int)),
-    "retime_rounds": ("retime_rounds", _number(int)),
+    "retime_rounds": ("retime_rounds", _number(int)), "retime_max_rounds": ("retime_max_rounds", _number(int)),
+    "retime_within": ("retime_within", _number(float)), "retime_cap": ("retime_cap", _number(int)),
     "warm_start": ("warm_start", _number(int)), "study": ("study_name", str), "max_asks": ("max_asks", _number(int)),
     "ahead": ("ahead", _number(int)), "eval_timeout": ("eval_timeout", _number(float)),
 }

@@ -10,6 +10,8 @@
         record it on the study        → seconds (summed over runs), evaluated trials, finished or not
         one progress line             → shape, best TFLOPS, trials, seconds, shapes done/total, ETA
         after_shape()                 → e.g. snapshot the SQLite storage, so a run killed later keeps this shape
+    then the second pass (campaign_passes.py): the winners above were held, not stored; every finished shape's
+    finalists are re-timed in a fresh evaluator process and the config best across both passes is stored
 
 What is shared by every shape, so that a campaign pays once for it:
 - **one evaluator** (measure/child_process.py): one child process, one torch import and CUDA context for the
@@ -34,6 +36,7 @@ from typing import Callable
 from ..build.builder import Builder
 from ..measure.child_process import Evaluator
 from ..store import storage_url
+from . import campaign_passes as passes
 from . import loop as search_mod
 from . import study as studies
 from . import verdicts
@@ -96,6 +99,16 @@ class Plugs:
     def close(self) -> None:
         if self.own:
             self.evaluator.close()
+
+    def another_process(self) -> bool:
+        """Replace the evaluator by a fresh one (another child process) for the second pass; False when it is
+        not ours to replace or not a child-process Evaluator (a test's stand-in): the same one is used."""
+        if not self.own or not isinstance(self.evaluator, Evaluator):
+            return False
+        spec, timeout = self.evaluator.spec, self.evaluator.timeout
+        self.evaluator.close()
+        self.evaluator = Evaluator(spec, timeout=timeout)
+        return True
 
 
 SHARED_FIELDS = ("evaluator", "eval_timeout", "arch", "cache_dir", "jobs", "nvcc_flags")
@@ -203,6 +216,7 @@ class Outcome:
     state: str                   # "finished earlier", "finished", "cut by the budget", "failed: ...", "not reached"
     result: object = None
     seconds: float = 0.0
+    second_pass: object = None   # campaign_passes.PassResult, when this run's second pass reached the shape
 
 
 @dataclass
@@ -213,17 +227,27 @@ class CampaignRun:
 
 
 def run(plans: list, *, log: Callable[[str], None] = print, budget: Budget | None = None, plugs: Plugs | None = None,
-        search=None, after_shape: Callable[[], None] | None = None, store=None) -> CampaignRun:
+        search=None, after_shape: Callable[[], None] | None = None, store=None,
+        second_pass: bool = True) -> CampaignRun:
     """Search each plan in turn (module docstring). `search`: loop.run_search, injectable for tests; `plugs`:
     the shared evaluator and builder (default: Plugs.open); `store`: where winners are stored and neighbours
-    found (default: each plan's storage; warm_start.WarmStore adds shipped tables). Ctrl-C: SearchInterrupted
-    propagates (the study of the shape in flight resumes next time) with the run so far on its `campaign`
-    attribute."""
+    found (default: each plan's storage; warm_start.WarmStore adds shipped tables). `second_pass`: hold the
+    winners, re-time every finished shape's finalists in another evaluator process at the end, and store the
+    best across both passes (campaign_passes.py). Ctrl-C: SearchInterrupted propagates (the study of the shape in
+    flight resumes next time; held winners are stored) with the run so far on its `campaign` attribute."""
     search = search or search_mod.run_search
     budget = budget or Budget(None)
     check_shareable(plans)
     plugs = plugs or Plugs.open(plans[0])
     run_ = CampaignRun([Outcome(p, "not reached") for p in plans], plugs.gpu_name)
+    held: dict = {}  # the first pass's HeldStore per real store (campaign_passes.py)
+
+    def first_pass_store(options):
+        if not second_pass:
+            return store
+        real = store if store is not None else storage_url.resolve_storage_url(options.storage)
+        return held.setdefault(real if isinstance(real, str) else id(real), passes.HeldStore(real))
+
     try:
         earlier = [o for o in run_.outcomes if record_of(load_study(o.options, plugs.gpu_name)).get("finished")]
         for o in earlier:
@@ -251,7 +275,8 @@ def run(plans: list, *, log: Callable[[str], None] = print, budget: Budget | Non
             if study is not None and requeue_cancelled(study):
                 log(f"campaign: {opts.shape.key}: the configs the last run cancelled are queued again")
             try:
-                outcome.result = search(opts, log=log, builder=plugs.builder, evaluator=plugs.evaluator, store=store)
+                outcome.result = search(opts, log=log, builder=plugs.builder, evaluator=plugs.evaluator,
+                                        store=first_pass_store(opts))
             except search_mod.SearchInterrupted as e:
                 outcome.result, outcome.state = e.result, "interrupted"
                 outcome.seconds = time.monotonic() - started
@@ -276,9 +301,45 @@ def run(plans: list, *, log: Callable[[str], None] = print, budget: Budget | Non
             log(progress_line(run_, n, outcome))
             if after_shape is not None:
                 after_shape()
+        if second_pass:
+            run_second_pass(run_, plugs, first_pass_store, budget, log)
     finally:
-        plugs.close()
+        try:
+            for h in held.values():
+                h.flush()  # winners the second pass did not reach: stored as their first pass decided
+        finally:
+            plugs.close()
     return run_
+
+
+def run_second_pass(run_: CampaignRun, plugs: Plugs, held_for: Callable, budget: Budget,
+                    log: Callable[[str], None]) -> None:
+    """campaign_passes.py's second pass over every finished shape still without one, while the budget keeps its
+    reserve; a shape's failure is logged and leaves its first-pass winner to be stored."""
+    todo = [o for o in run_.outcomes if o.state in ("finished", "finished earlier")
+            and passes.needs_second_pass(load_study(o.options, plugs.gpu_name))]
+    if not todo:
+        return
+    fresh = plugs.another_process()
+    log(f"== campaign second pass: {len(todo)} shape(s)' finalists re-timed "
+        f"{'in a fresh evaluator process' if fresh else 'with the same evaluator (not a child process of ours)'}")
+    for outcome in todo:
+        if budget.left() < budget.reserve_s:
+            log(f"campaign: second pass stopped, {budget.left():.0f} s left (reserve {budget.reserve_s:g} s); the same "
+                f"command continues it; first-pass winners stored for the rest")
+            break
+        opts = outcome.options
+        try:
+            study = load_study(opts, plugs.gpu_name)
+            result = passes.second_pass(study, opts, held_for(opts), plugs.builder, plugs.evaluator,
+                                        plugs.gpu_name, plugs.builder.arch, log=log)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as e:  # one shape's failure must not cost the others their second pass
+            log(f"campaign: second pass {opts.shape.key} failed: {type(e).__name__}: {e}")
+            continue
+        outcome.second_pass = result
+        log(result.describe())
 
 
 def progress_line(run_: CampaignRun, n: int, outcome: Outcome) -> str:

@@ -1,5 +1,6 @@
-"""A campaign's closing table, read from the storage: per shape the re-timed winner, how it compares with the
-fastest peer measured beside it, the evaluated trials and the seconds spent (summed over every run).
+"""A campaign's closing table, read from the storage: per shape the shipped config (the best across both passes,
+campaign_passes.py; else the first pass's winner) with its figure and both passes' medians, how it compares with
+the fastest peer measured beside it, the evaluated trials and the seconds spent (summed over every run).
 
 Read from each shape's study (its `retimed`, `baselines` and `campaign` attrs), not from this run's results, so
 the table after the second of two runs covers the shapes the first one finished too. Plain text for the log, or
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 from space import Config
 
-from . import campaign_run
+from . import campaign_passes, campaign_run
 from . import study as studies
 
 
@@ -25,6 +26,7 @@ class ShapeRow:
     peer_tflops: float | None = None
     trials: int = 0                # evaluated (built) configs
     seconds: float | None = None   # wall seconds on this shape, every run of the campaign together
+    passes: tuple = ()             # the shipped config's median in the first and second pass (campaign_passes)
 
     @property
     def versus_peer(self) -> float | None:
@@ -37,14 +39,25 @@ def shape_row(options, gpu_name: str) -> ShapeRow:
         return ShapeRow(options.shape, "not started")
     attrs = study.user_attrs
     record = campaign_run.record_of(study)
-    done = [r for r in attrs.get("retimed") or [] if r.get("status") == "complete" and r.get("tflops")]
-    best = max(done, key=lambda r: r["tflops"]) if done else None
+    key, tflops, figures = shipped(attrs)
     peers = {k: v for k, v in (attrs.get("baselines") or {}).items() if v}
     peer = max(peers, key=peers.get) if peers else None
-    return ShapeRow(options.shape, "finished" if record.get("finished") else "unfinished",
-                    best["config_key"] if best else None, best["tflops"] if best else None,
+    return ShapeRow(options.shape, "finished" if record.get("finished") else "unfinished", key, tflops,
                     peer, peers.get(peer), studies.StudyMemory.load(study, options.shape.problem).evaluated,
-                    record.get("seconds"))
+                    record.get("seconds"), figures)
+
+
+def shipped(attrs: dict) -> tuple[str | None, float | None, tuple]:
+    """(config key, TFLOPS, (first, second) pass medians) of what the shape's study stored: the second pass's
+    choice across both passes when it ran (campaign_passes.ATTR), else the first pass's (the `chosen` finalist;
+    the fastest one in studies older than that attr)."""
+    second = attrs.get(campaign_passes.ATTR) or {}
+    across = next((f for f in second.get("finalists") or () if f.get("trial") == second.get("shipped")), None)
+    if across is not None:
+        return across["config_key"], across["across_tflops"], (across["first_tflops"], across["second_tflops"])
+    done = [r for r in attrs.get("retimed") or [] if r.get("status") == "complete" and r.get("tflops")]
+    best = next((r for r in done if r.get("chosen")), None) or (max(done, key=lambda r: r["tflops"]) if done else None)
+    return (best["config_key"], best["tflops"], ()) if best else (None, None, ())
 
 
 def shape_rows(plans: list, gpu_name: str) -> list[ShapeRow]:
@@ -71,7 +84,7 @@ def short_config(key: str | None) -> str:
     return " ".join(parts)
 
 
-COLUMNS = ("shape", "best config", "TFLOPS", "vs best peer", "trials", "seconds")
+COLUMNS = ("shape", "best config", "TFLOPS", "passes", "vs best peer", "trials", "seconds")
 
 
 def _cells(row: ShapeRow) -> list[str]:
@@ -80,7 +93,9 @@ def _cells(row: ShapeRow) -> list[str]:
     config = short_config(row.config_key) if row.config_key else row.state
     if row.config_key and row.state != "finished":
         config += f" ({row.state})"
-    return [row.shape.key, config, f"{row.tflops:.1f}" if row.tflops else "-", versus, str(row.trials), seconds]
+    passes = " / ".join(f"{x:.1f}" for x in row.passes) if row.passes else "-"
+    return [row.shape.key, config, f"{row.tflops:.1f}" if row.tflops else "-", passes, versus, str(row.trials),
+            seconds]
 
 
 def summary_line(rows: list[ShapeRow]) -> str:
@@ -100,7 +115,7 @@ def format_table(rows: list[ShapeRow], markdown: bool = False) -> str:
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
         return "\n".join(lines + ["", summary_line(rows)])
     widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(COLUMNS)]
-    numeric = {2, 3, 4, 5}
+    numeric = {2, 3, 4, 5, 6}
 
     def line(values):
         return "  " + "  ".join(v.rjust(w) if i in numeric else v.ljust(w)

@@ -43,6 +43,7 @@ from ..build.builder import Builder, cubin_key, provenance
 from ..build.spill_policy import SpillPolicy
 from ..landscapes import landscape_file
 from ..landscapes.replay import NullStore, ReplayBuilder, ReplayEvaluator, recorded_configs, replay_pacing
+from ..landscapes.replay_noise import ReplayNoise
 from ..measure import interrupts
 from ..measure.child_process import Evaluator
 from ..store import storage_url
@@ -99,6 +100,9 @@ def _search(options: SearchOptions, builder, evaluator, store, log: Callable[[st
         result.wall_seconds = time.monotonic() - started
         if options.replay is not None:  # here, not in run_trials: --workers results are merged from the workers'
             result.replay = str(options.replay.path) if options.replay.path else options.replay.name
+            noise = getattr(session.evaluator, "noise", None)
+            if noise is not None:
+                result.replay += f" ({noise.describe()})"
             result.simulated = replay_pacing(session.builder, session.evaluator)
         trials_seconds = time.monotonic() - opened
         if result.interrupted:
@@ -634,16 +638,17 @@ class TrialLoop:
 
 def finale(result: SearchResult, session: Session, options: SearchOptions, store,
            log: Callable[[str], None]) -> None:
-    """Re-time the top configs interleaved, in rounds, next to the baselines (one worker session; retime.py
-    decides the winner or a tie), record both on the study, and store the winner. `store` is a BestStore or the
+    """Re-time the finalists interleaved, in rounds, next to the baselines (one worker session; retime.py
+    chooses them, adds rounds while the leader is not separated, and keeps the fastest median), record both on the
+    study, and store the winner. `store` is a BestStore or the
     URL to open one at."""
     study, builder, evaluator = session.study, session.builder, session.evaluator
-    top = studies.top_trials(study, max(TOP_N, options.retime_top))
+    top = studies.top_trials(study, max(TOP_N, options.retime_top, options.retime_cap))
     result.top = top[:TOP_N]
     result.retimed, result.baselines, result.notes = winner.retime_and_baselines(
-        top[:options.retime_top], builder, evaluator, options.shape, rounds=options.retime_rounds,
-        arch=session.arch, log=log)
-    verdict = winner.decide(result.retimed)
+        winner.finalists(top, options.retime_top, options.retime_within, options.retime_cap), builder, evaluator,
+        options.shape, rounds=options.retime_rounds, max_rounds=options.retime_max_rounds, arch=session.arch, log=log)
+    verdict = winner.decide(result.retimed, winner.round_budget(options.retime_rounds, options.retime_max_rounds))
     if result.retimed:
         result.notes.append(verdict.describe())
         log(verdict.describe())
@@ -671,7 +676,7 @@ def plug_replay(options: SearchOptions, builder, evaluator, store):
     """Answer builds and evaluations from the landscape (landscapes/replay.py). The shape must be the recorded one;
     families default to the recorded ones. Studies go to an in-memory database unless --storage names one (a
     replay must not mix with real studies, $AUTOTUNE_STORAGE included), and no best config is stored: nothing
-    new was measured."""
+    new was measured. `replay_noise` (a seed) draws each evaluation from the landscape's sessions."""
     ls = options.replay
     if not isinstance(ls, landscape_file.Landscape):
         ls = landscape_file.load(ls)
@@ -688,7 +693,8 @@ def plug_replay(options: SearchOptions, builder, evaluator, store):
         raise ValueError(f"--family {outside}: the landscape covers only {list(ls.families)}")
     options = dataclasses.replace(options, replay=ls, families=tuple(families),
                                   storage=options.storage or "sqlite:///:memory:")
-    return (options, builder or ReplayBuilder(ls, jobs=options.jobs or 1), evaluator or ReplayEvaluator(ls),
+    noise = ReplayNoise(ls, options.replay_noise) if options.replay_noise is not None else None
+    return (options, builder or ReplayBuilder(ls, jobs=options.jobs or 1), evaluator or ReplayEvaluator(ls, noise),
             store if store is not None else NullStore())
 
 

@@ -13,7 +13,7 @@ from space import Arch, Config, Shape
 from ..build.spill_policy import SpillPolicy
 from ..measure.child_process import DEFAULT_EVALUATOR
 from .coordination import DEFAULT_GRACE, DEFAULT_HEARTBEAT
-from .retime import DEFAULT_ROUNDS, pick
+from .retime import DEFAULT_CAP, DEFAULT_ROUNDS, DEFAULT_WITHIN, pick
 
 DEFAULT_TRIALS = 60          # ≈ 15-20 minutes on one H200 with 16 build cores; TPE settles after ~40
 DEFAULT_EVAL_TIMEOUT = 120.0  # seconds per evaluation (correctness check + timing), worker start excluded
@@ -39,8 +39,11 @@ class SearchOptions:
     eval_timeout: float = DEFAULT_EVAL_TIMEOUT
     evaluator: str = DEFAULT_EVALUATOR
     cache_dir: str | None = None
-    retime_top: int = 5                    # finalists re-timed at the end (retime.py)
-    retime_rounds: int = DEFAULT_ROUNDS    # interleaved rounds of that re-timing
+    retime_top: int = 5                    # finalists re-timed at the end, at least (retime.py)
+    retime_within: float = DEFAULT_WITHIN  # ... and every trial within this fraction of the best trial's figure
+    retime_cap: int = DEFAULT_CAP          # ... up to this many finalists (or retime_top, if more)
+    retime_rounds: int = DEFAULT_ROUNDS    # interleaved rounds every finalist gets
+    retime_max_rounds: int | None = None   # the round budget for the leader's contenders (None: retime.py's default)
     enqueue: tuple[Config, ...] = ()       # configs to try first (the heuristic default always is)
     max_asks: int | None = None
     sweep: bool = True                     # sweep every valid config when they fit in --trials (exhaustive.py)
@@ -51,6 +54,7 @@ class SearchOptions:
     grace: int = DEFAULT_GRACE             # shared storages: seconds without a heartbeat before a trial is dead
     warm_start: int = 0                    # a fresh study first tries up to N best configs of tuned neighbour shapes
     replay: object = None                  # a landscape file (or Landscape): no nvcc, no GPU, see landscapes/replay.py
+    replay_noise: int | None = None        # with replay: seed of the noise drawn from its sessions (replay_noise.py)
 
     def check(self) -> None:
         if self.trials < 0:
@@ -65,8 +69,15 @@ class SearchOptions:
             raise ValueError(f"--eval-timeout: expected seconds > 0, got {self.eval_timeout}")
         if self.retime_top < 1:
             raise ValueError(f"--retime: expected a count ≥ 1, got {self.retime_top}")
+        if not 0 <= self.retime_within < 1:
+            raise ValueError(f"--retime-within: expected a fraction from 0 to 1 (0.03 = 3 %), got {self.retime_within}")
+        if self.retime_cap < 1:
+            raise ValueError(f"--retime-cap: expected a count ≥ 1, got {self.retime_cap}")
         if self.retime_rounds < 1:
             raise ValueError(f"--retime-rounds: expected a count ≥ 1, got {self.retime_rounds}")
+        if self.retime_max_rounds is not None and self.retime_max_rounds < self.retime_rounds:
+            raise ValueError(f"--retime-max-rounds: expected at least --retime-rounds ({self.retime_rounds}), got "
+                             f"{self.retime_max_rounds}")
         if self.max_asks is not None and self.max_asks < 1:
             raise ValueError(f"max_asks: expected a count ≥ 1, got {self.max_asks}")
         if self.workers < 1:
@@ -74,6 +85,8 @@ class SearchOptions:
         if self.heartbeat < 1 or self.grace <= self.heartbeat:
             raise ValueError(f"--heartbeat {self.heartbeat} / --grace {self.grace}: expected whole seconds with "
                              "1 ≤ heartbeat < grace (a grace of 3-6 heartbeats rides out a busy host)")
+        if self.replay_noise is not None and self.replay is None:
+            raise ValueError("--replay-noise: only with --replay (it draws from a recorded landscape's sessions)")
         if self.warm_start < 0:
             raise ValueError(f"--warm-start: expected a count ≥ 0, got {self.warm_start}")
 

@@ -172,7 +172,9 @@ def format_result(r) -> str:
         lines.append(f"  best: trial #{best.number} {best.config.key}: {best.outcome.tflops:.1f} TFLOPS{versus}")
         rec = r.record
         if rec is not None:
-            if rec.action == "kept":
+            if rec.action == "held":
+                lines.append("  stored: held for the campaign's second pass (the best across both passes is stored)")
+            elif rec.action == "kept":
                 lines.append(f"  stored: kept the existing row, as fast or faster ({rec.entry.tflops:.1f} TFLOPS from "
                              f"{rec.entry.study} #{rec.entry.trial}) in autotune_best at {r.storage}")
             else:

@@ -26,6 +26,7 @@ from ..build.spill_policy import SpillPolicy
 from ..landscapes import landscape_file as landscape_mod
 from ..landscapes.landscape_file import Landscape
 from ..landscapes.replay import ReplayBuilder, ReplayEvaluator, recorded_configs
+from ..landscapes.replay_noise import ReplayNoise
 from . import study as studies
 from .loop import TrialLoop, enqueue_first
 from .options import DEFAULT_TRIALS, SearchOptions
@@ -143,11 +144,15 @@ class Run:
 
 
 class _Recorder:
-    """Takes the place of progress.ProgressPrinter: keeps each trial's value in the order the search counts."""
+    """Takes the place of progress.ProgressPrinter: keeps each trial's value in the order the search counts.
+    With `recorded` (a noisy replay) the value kept is the config's recorded figure, not the draw the sampler
+    was told: trials to 98 % then count until the search has tried a config that good, not one that measured
+    lucky once."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: Run, recorded: Landscape | None = None):
         self.run = run
         self.best = -math.inf
+        self.recorded = recorded
 
     def skipped(self, invalid, repeated) -> None:
         pass
@@ -156,14 +161,20 @@ class _Recorder:
 
         if outcome.status == "invalid" or DUPLICATE_OF in outcome.attrs:
             return  # not a trial by the search's count
-        self.run.values.append(outcome.value)
-        if outcome.value is not None:
-            self.best = max(self.best, outcome.value)
+        value = outcome.value
+        if value is not None and self.recorded is not None:
+            value = self.recorded.row(config).tflops
+        self.run.values.append(value)
+        if value is not None:
+            self.best = max(self.best, value)
 
 
 def simulate(landscape: Landscape, sampler: str, seed: int, trials: int, lag: int = DEFAULT_LAG,
              enqueue_default: bool = True, stop_fraction: float | None = max(THRESHOLDS),
-             min_trials: int = 0, asks_per_trial: int = ASKS_PER_TRIAL) -> Run:
+             min_trials: int = 0, asks_per_trial: int = ASKS_PER_TRIAL, noise: bool = False) -> Run:
+    """One simulated search. `noise`: every evaluation draws its figure from the landscape's recorded sessions
+    (landscapes/replay_noise.py, seeded by `seed`), the sampler learns from the draws, the run counts recorded
+    figures (_Recorder)."""
     import optuna
 
 
@@ -178,8 +189,9 @@ def simulate(landscape: Landscape, sampler: str, seed: int, trials: int, lag: in
     options = SearchOptions(shape=shape, trials=trials, families=landscape.families)
     if enqueue_default:
         enqueue_first(study, search_space, memory, options, arch)
-    recorder = _Recorder(run)
-    loop = TrialLoop(study, search_space, ReplayBuilder(landscape), ReplayEvaluator(landscape), shape,
+    recorder = _Recorder(run, landscape if noise else None)
+    evaluator = ReplayEvaluator(landscape, ReplayNoise(landscape, seed) if noise else None)
+    loop = TrialLoop(study, search_space, ReplayBuilder(landscape), evaluator, shape,
                         SpillPolicy(), memory, recorder, trials,
                         max_asks=asks_per_trial * trials + 200, deadline=None,
                         sampler=functools.partial(variant(sampler).make, seed))
@@ -284,6 +296,7 @@ class Comparison:
     lag: int
     enqueue_default: bool
     thresholds: tuple[float, ...] = THRESHOLDS
+    noise: bool = False                 # evaluations drawn from the recorded sessions (simulate)
 
 
 def sampler_result(name: str, runs: list[Run], optimum: float, best_at: tuple[int, ...]) -> SamplerResult:
@@ -350,10 +363,10 @@ def _cap(trials: int | None, budget: int, landscape: Landscape) -> int:
 
 
 def _job(args) -> Run:
-    path, sampler, seed, trials, lag, enqueue_default, budget = args
+    path, sampler, seed, trials, lag, enqueue_default, budget, noise = args
     ls = _cached_landscape(path)
     cap = _cap(trials, budget, ls)
-    return simulate(ls, sampler, seed, cap, lag, enqueue_default, max(THRESHOLDS), min(budget, cap))
+    return simulate(ls, sampler, seed, cap, lag, enqueue_default, max(THRESHOLDS), min(budget, cap), noise=noise)
 
 
 _LANDSCAPES: dict = {}
@@ -370,12 +383,14 @@ def _cached_landscape(path) -> Landscape:
 
 def compare(landscapes: Sequence, samplers: Sequence[str] = DEFAULT_SAMPLERS, seeds: int = DEFAULT_SEEDS,
             trials: int | None = None, budget: int | None = None, best_at: Sequence[int] = (), lag: int = DEFAULT_LAG,
-            enqueue_default: bool = True, jobs: int = 1, log: Callable[[str], None] = print) -> Comparison:
+            enqueue_default: bool = True, jobs: int = 1, log: Callable[[str], None] = print,
+            noise: bool = False) -> Comparison:
     """Simulate every (landscape, sampler, seed); `landscapes` are paths (or loaded Landscapes).
 
     trials: the cap per run (default: BUDGET_MULTIPLE × budget, at most every config of the landscape);
     budget: the trial count whose best is reported (default: `autotune search`'s default --trials); runs go on
-    at least this far. best_at: more trial counts (≤ budget) whose best is reported too.
+    at least this far. best_at: more trial counts (≤ budget) whose best is reported too. noise: evaluations
+    draw from each landscape's recorded sessions, seeded by the run's seed (simulate).
     """
 
     for s in samplers:
@@ -393,10 +408,11 @@ def compare(landscapes: Sequence, samplers: Sequence[str] = DEFAULT_SAMPLERS, se
     loaded = [_cached_landscape(p) for p in landscapes]
     for ls in loaded:
         ls.optimum  # noqa: B018  (raises, naming the file, when nothing completed)
-    work = [(key, s, seed, trials, lag, enqueue_default, budget) for key in landscapes for s in samplers
+    work = [(key, s, seed, trials, lag, enqueue_default, budget, noise) for key in landscapes for s in samplers
             for seed in range(seeds)]
     log(f"compare-samplers: {len(loaded)} landscape(s) × {len(samplers)} sampler(s) × {seeds} seed(s) = "
-        f"{len(work)} simulated searches (lag {lag}, {'default enqueued' if enqueue_default else 'cold start'})")
+        f"{len(work)} simulated searches (lag {lag}, {'default enqueued' if enqueue_default else 'cold start'}"
+        f"{', evaluations drawn from the recorded sessions' if noise else ''})")
     results: list[Run] = []
     if jobs > 1 and len(work) > 1:
         import multiprocessing
@@ -415,7 +431,7 @@ def compare(landscapes: Sequence, samplers: Sequence[str] = DEFAULT_SAMPLERS, se
     for ls in loaded:
         by_sampler = {s: [next(it) for _ in range(seeds)] for s in samplers}
         out.append(landscape_result(ls, by_sampler, counts, _cap(trials, budget, ls), enqueue_default))
-    return Comparison(out, seeds, trials, budget, counts, lag, enqueue_default)
+    return Comparison(out, seeds, trials, budget, counts, lag, enqueue_default, noise=noise)
 
 
 def _progress(log, i: int, total: int, work, run: Run) -> None:
