@@ -31,6 +31,7 @@ import torch
 from space import HEAD_DIMS, Shape
 
 from . import lookup as runtime
+from . import benchmark_mode, capture  # models: benchmark mode and shape capture, hooked below
 from ..launch import tma
 from ..launch.params import ALIGN_BYTES, FlashFwdParams, InputShape, dtype_name, validate_inputs
 
@@ -147,6 +148,8 @@ def _memo_key(q, k, v, causal, scale, return_lse, url) -> tuple:
 def _new_launcher(q, k, v, causal: bool, scale, return_lse: bool, url: str) -> _Launcher:
     inputs = check_inputs(q, k, v)
     plan = runtime.resolve(q.device.index, shape_of(inputs, causal), url)
+    if benchmark_mode.settings.enabled:  # models: an untuned shape times a few built configs first
+        plan = benchmark_mode.plan(plan, q, k, v, scale, url)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
     launch = plan.runner.prepare(q, k, v, o, lse, scale)  # the loader's own full validation, once
@@ -160,13 +163,17 @@ def forward(q, k, v, causal: bool, scale: Optional[float], return_lse: bool):
     launcher = _launchers.get(key)
     if launcher is None:
         launcher = _launchers[key] = _new_launcher(q, k, v, causal, scale, return_lse, url)
-    return launcher(q, k, v)
+    out = launcher(q, k, v)
+    if capture.recording:  # models: count this call's shape bucket into the capture file
+        capture.record(q, k, causal)
+    return out
 
 
 def clear_caches() -> None:
     """Forget prepared launches and (through runtime.clear_caches) selections, builds and loaded kernels."""
     _launchers.clear()
     runtime.clear_caches()
+    benchmark_mode.clear()  # models
 
 
 # ---- the torch op -----------------------------------------------------------------------------------------
