@@ -27,7 +27,7 @@ import fcntl
 import os
 import re
 import threading
-import time
+import uuid
 import warnings
 from pathlib import Path
 
@@ -110,7 +110,7 @@ class CaptureFile:
         if not path.parent.is_dir():
             raise CaptureError(f"{path}: directory {path.parent} does not exist; create it or fix the path")
         self.path = path
-        self.run = f"{os.getpid()}-{int(time.time())}"
+        self.run = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"  # one per capture: its counts are its own
         self.lock = threading.Lock()
         self._keys: dict[tuple, _Bucket] = {}     # (q.shape, k.shape, dtype, causal) -> its bucket's counter
         self._buckets: dict[Shape, _Bucket] = {}
