@@ -51,7 +51,12 @@ class Settings:
     budget_ms: float = DEFAULT_BUDGET_MS
 
 
-settings = Settings(enabled=os.environ.get(ENV_VAR, "").strip().lower() not in ("", "0", "false", "no", "off"))
+def env_enabled(value: str | None) -> bool:
+    """$AUTOTUNE_BENCHMARK switches the mode on unless empty, 0, false, no or off."""
+    return (value or "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+settings = Settings(enabled=env_enabled(os.environ.get(ENV_VAR)))
 
 
 def set_benchmark_mode(enabled: bool = True, *, candidates: int | None = None, budget_ms: float | None = None) -> None:
@@ -204,7 +209,7 @@ def plan(resolved: lookup.Plan, q, k, v, scale, url: str) -> lookup.Plan:
     import torch
 
     selection = resolved.selection
-    if not needs_measuring(selection) or torch.cuda.is_current_stream_capturing():
+    if not needs_measuring(selection) or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
         return resolved
     shape = selection.shape
     key = (q.device.index, shape, url)
@@ -259,4 +264,5 @@ def _record(shape: Shape, gpu_name: str, arch: Arch, best: Measured, url: str, g
 
 
 __all__ = ["DEFAULT_BUDGET_MS", "DEFAULT_CANDIDATES", "ENV_VAR", "Measured", "Settings", "candidate_configs", "clear",
+           "env_enabled",
            "fastest", "is_built", "measure", "needs_measuring", "plan", "set_benchmark_mode", "settings"]
