@@ -249,3 +249,18 @@ def test_attention_asks_benchmark_mode_only_when_it_is_on(monkeypatch):
         monkeypatch.setattr(bench, "settings", bench.Settings(enabled=enabled))
         op._new_launcher(q, k, k, False, None, False, "sqlite:///x.db")
     assert asked == [plan]
+
+
+def test_one_measurement_serves_the_bucket_in_this_process_and_the_next(db, stand_ins):
+    first = space.Shape(batch=32, heads=32, kv_heads=8, seqlen_q=1, seqlen_k=4200, head_dim=128, dtype="bf16")
+    later = space.Shape(batch=32, heads=32, kv_heads=8, seqlen_q=1, seqlen_k=4300, head_dim=128, dtype="bf16")
+    assert buckets.bucket(first) == buckets.bucket(later)  # a decode loop, two steps apart
+    q, k = tensors(first)
+    chosen = bench.plan(resolved(db, first), q, k, k, None, db)
+    q, k = tensors(later)
+    assert bench.plan(resolved(db, later), q, k, k, None, db) is chosen and len(stand_ins) == 3
+    op.clear_caches()  # the next process: the bucket's benchmarked row is an exact row for every shape in it
+    again = runtime.select_config(later, GPU, ARCH, db, tables_dir=None)
+    assert (again.source, again.config, again.row.seqlen_k) == ("storage", CFG_B, 4200)
+    with BestStore(db, read_only=True) as s:  # recorded under the measured shape's own key
+        assert s.lookup(GPU, ARCH.name, later) is None and s.lookup(GPU, ARCH.name, first) is not None

@@ -12,8 +12,10 @@ each only if its kernel is already built (the build cache: measuring never compi
 `budget_ms` of measuring (a candidate that would start after the budget is spent is not timed). The fastest runs
 for the rest of the process, and is recorded in the user's storage as that shape's row with the study name
 row_order.BENCHMARKED_STUDY ("benchmarked at first use (not searched)"), its median time and the kernel
-provenance: the next process finds it as an exact row (after any searched row of the shape or its bucket), and
-`autotune best` / `autotune best --explain` show it as benchmarked. A storage that cannot be written is said once
+provenance. One measurement serves the shape's bucket (buckets.py): the other shapes of the bucket reuse the
+choice in this process, and the next process finds the row for any shape of the bucket as an exact row (after any
+searched row of the shape or its bucket: row_order.py); `autotune best` / `autotune best --explain` show it as
+benchmarked. A decode loop whose key count grows every step so measures once per bucket, not once per step. A storage that cannot be written is said once
 (StorageWarning) and the choice still holds for the process.
 
 Not measured: calls while a CUDA graph is being captured (they run the lookup's choice, and a later ordinary call
@@ -36,6 +38,7 @@ import space
 from space import Arch, Config, Shape
 
 from . import lookup, row_order
+from .buckets import bucket
 from ..store.nearest import distance
 
 ENV_VAR = "AUTOTUNE_BENCHMARK"
@@ -205,14 +208,14 @@ def _timer(plan: lookup.Plan, q, k, v, scale, arch: Arch):
 
 def plan(resolved: lookup.Plan, q, k, v, scale, url: str) -> lookup.Plan:
     """attention_op's hook: `resolved` (lookup.resolve's plan) when the shape has an exact row, else the plan of
-    the fastest measured candidate (module docstring). Memoized per (device, shape, storage) for the process."""
+    the fastest measured candidate (module docstring). Memoized per (device, bucket, storage) for the process."""
     import torch
 
     selection = resolved.selection
     if not needs_measuring(selection) or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
         return resolved
     shape = selection.shape
-    key = (q.device.index, shape, url)
+    key = (q.device.index, bucket(shape), url)  # one measurement per bucket (row_order.py finds it by bucket too)
     with _lock:
         hit = _plans.get(key)
         if hit is not None:

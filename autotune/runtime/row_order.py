@@ -2,10 +2,13 @@
 
   1. a searched row of the shape itself (the user's storage, then the shipped tables);
   2. a searched row of the shape's bucket (buckets.py: what a captured campaign tuned), storage then shipped;
-  3. a row that benchmark mode (benchmark_mode.py) measured for the shape at first use.
+  3. a row that benchmark mode (benchmark_mode.py) measured at first use for a shape of the same bucket (the
+     shape itself first, then the others by distance): one measurement serves a bucket, as it does in the
+     process that measured it.
 
 So a row benchmarked before a campaign ran never hides the campaign's searched row, and the next process starts
-from a benchmarked row rather than measuring again. Benchmarked rows are told apart by their study name,
+from a benchmarked row rather than measuring again. Benchmarked rows keep the key of the shape that was measured,
+so they never compete with a searched row of the bucket for one key in the best table. Benchmarked rows are told apart by their study name,
 BENCHMARKED_STUDY, which `autotune best` and `autotune best --explain` print as the row's study.
 """
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Iterator
 
 from space import Shape
 
+from ..store.nearest import distance
 from .buckets import bucket
 
 BENCHMARKED_STUDY = "benchmarked at first use (not searched)"
@@ -35,8 +39,18 @@ def exact_steps(shape: Shape, stored: tuple, shipped: tuple) -> Iterator[tuple[s
         note = f"tuned as the bucket {b.key} of {shape.key} (autotune/runtime/buckets.py)"
         yield "storage", searched, b, note
         yield "shipped", shipped, b, note
-    yield "storage", benchmarked, shape, (f"a row {BENCHMARKED_STUDY}: the fastest of a few tuned neighbours' "
-                                          "configs and the default; `autotune search` finds better")
+    same_bucket = []
+    for c in benchmarked:
+        try:
+            if bucket(c.shape) == b:
+                same_bucket.append(c)
+        except ValueError:  # not a valid shape: the lookup's own checks name it
+            continue
+    same_bucket.sort(key=lambda c: (round(distance(shape, c.shape), 9), c.entry.key))
+    for c in same_bucket:
+        yield "storage", (c,), c.shape, (f"a row {BENCHMARKED_STUDY} for {c.shape.key}, in the bucket {b.key}: the "
+                                         "fastest of a few tuned neighbours' configs and the default; a search of "
+                                         "the shape or its bucket (a captured campaign) takes precedence")
 
 
 __all__ = ["BENCHMARKED_STUDY", "exact_steps", "is_benchmarked"]
