@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import json
 import os
 import re
 import threading
@@ -53,8 +54,8 @@ def shape_table(shape: Shape) -> str:
     """One `[[shapes]]` table of the campaign format for `shape`."""
     lines = ["[[shapes]]"]
     for key, field in _FIELDS:
-        value = getattr(shape, field)
-        lines.append(f"{key} = {str(value).lower() if isinstance(value, bool) else repr(value).replace(chr(39), chr(34))}")
+        value = getattr(shape, field)  # bool, int or a plain dtype name: TOML writes them as JSON does
+        lines.append(f"{key} = {json.dumps(value)}")
     return "\n".join(lines) + "\n"
 
 
