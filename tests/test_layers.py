@@ -23,6 +23,7 @@ LAYERS: dict[str, set[str]] = {
     "landscapes": {"build", "launch", "measure", "store"},
     "search": {"build", "launch", "measure", "store", "landscapes"},
     "runtime": {"build", "launch", "store"},
+    "integrations": {"runtime"},
     "report": set(),
     "commands": {"build", "launch", "measure", "store", "landscapes", "search", "runtime", "report"},
 }

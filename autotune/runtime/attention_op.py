@@ -34,6 +34,7 @@ import torch
 from space import HEAD_DIMS, Shape
 
 from . import lookup as runtime
+from . import benchmark_mode, capture  # models: benchmark mode and shape capture, hooked below
 from ..launch import tma
 from ..launch.loader import split_partials
 from ..launch.params import ALIGN_BYTES, CAUSAL_ALIGNS, FlashFwdParams, InputShape, dtype_name, validate_inputs
@@ -169,6 +170,8 @@ def _new_launcher(q, k, v, causal, scale, return_lse: bool, url: str) -> _Launch
     masked, align = causal_mode(causal)
     inputs = check_inputs(q, k, v)
     plan = runtime.resolve(q.device.index, shape_of(inputs, masked), url)
+    if benchmark_mode.settings.enabled:  # models: an untuned shape times a few built configs first
+        plan = benchmark_mode.plan(plan, q, k, v, scale, url)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
     launch = plan.runner.prepare(q, k, v, o, lse, scale, align)  # the loader's own full validation, once
@@ -184,13 +187,17 @@ def forward(q, k, v, causal, scale: Optional[float], return_lse: bool):
     launcher = _launchers.get(key)
     if launcher is None:
         launcher = _launchers[key] = _new_launcher(q, k, v, causal, scale, return_lse, url)
-    return launcher(q, k, v)
+    out = launcher(q, k, v)
+    if capture.recording:  # models: count this call's shape bucket into the capture file
+        capture.record(q, k, causal_mode(causal)[0])
+    return out
 
 
 def clear_caches() -> None:
     """Forget prepared launches and (through runtime.clear_caches) selections, builds and loaded kernels."""
     _launchers.clear()
     runtime.clear_caches()
+    benchmark_mode.clear()  # models
 
 
 # ---- the torch op -----------------------------------------------------------------------------------------

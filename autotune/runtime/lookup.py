@@ -5,6 +5,8 @@ Lookup order for `select_config(shape, gpu_name, arch)`, first hit wins:
   1. storage    the user's best-per-shape table (autotune/store/best_table.py) behind the storage URL, resolved like
                 `autotune search` does (argument → $AUTOTUNE_STORAGE → studies/autotune.db): the exact key.
   2. shipped    the tuned tables shipped in studies/tuned/*.json (the `autotune export` format): the exact key.
+                (Then, still exact: the shape's capture bucket in 1 and 2, and a row that benchmark mode measured for
+                the shape; row_order.py.)
   3. nearest    the closest tuned shape, from both of the above, on the same GPU name, arch, dtype, head_dim
                 and causal flag (those decide the compiled kernel; the rest only its speed):
 
@@ -46,6 +48,7 @@ import space
 from space import Arch, Config, Problem, Shape
 
 from ..build.builder import Builder
+from . import row_order
 from ..store import storage_url
 from ..store.nearest import distance
 
@@ -385,9 +388,11 @@ def _select(shape: Shape, gpu_name: str, arch: Arch, url: str, tables: Path | No
         return Selection(config, source, shape, gpu_name, arch.name, c.entry, c.where, d, tuple(checker.notes),
                          searched)
 
-    for source, pool in (("storage", stored), ("shipped", shipped)):
-        found = _exact(pool, shape, checker)
+    # Exact rows: the shape's own, its capture bucket's, one benchmarked at first use (row_order.py).
+    for source, pool, target, note in row_order.exact_steps(shape, stored, shipped):
+        found = _exact(pool, target, checker)
         if found:
+            checker.notes += [note] if note else []
             return chosen(source, found, 0.0)
     # Decode rows stand in only for decode shapes and prefill rows only for prefill: their best configs differ in
     # kind (split-KV, packed heads), not in degree, so a nearer row of the other kind is worse than the default.

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Whole models through their stock attention and through autotune, on one GPU, random weights, no download.
+
+    python benchmarks/models_e2e.py [--layers 4] [--prompt 2048] [--decode 128] [--decode-batch 32] [--vit-batch 64]
+    python benchmarks/models_e2e.py --capture studies/campaigns/models-e2e.toml   # record the shapes, then:
+    autotune campaign studies/campaigns/models-e2e.toml                            # tune them, and run again
+
+Models, built from their configs (transformers' from_config, timm's create_model(pretrained=False)):
+
+  * llama: a Llama-3-8B-shaped decoder (hidden 4096, 32 query / 8 K/V heads of 128, MLP 14336, vocab 128256,
+    rope theta 500000) with --layers layers, bf16. Stock: attn_implementation="sdpa"; autotune: the same model after
+    set_attn_implementation("autotune") (autotune.integrations.transformers). Prefill: one forward of --prompt
+    tokens (batch 1), latency in ms. Decode: --decode steps of one token for --decode-batch sequences after a
+    prompt of --decode-prompt tokens (DynamicCache), tokens/s.
+  * vit: timm's vit_large_patch14_clip_336 (ViT-L/14 at 336 px: 577 tokens, 16 heads of 64), bf16, batch
+    --vit-batch; images/s. Stock: timm's F.scaled_dot_product_attention; autotune: inside autotune.patch_sdpa().
+
+Outputs compared on the same inputs: the first-token logits (llama prefill's last position; the ViT's class
+logits), max |autotune − stock|, next to the stock path's own backend-to-backend difference (stock vs the same
+model with SDPA forced to its math backend) as the yardstick. Times: CUDA events, median of --reps after warm-up
+(the first autotune call of a shape compiles its kernel: warm-up absorbs it). Fallbacks are printed: a model
+whose calls fall back is running stock attention, not ours.
+
+--capture FILE: run the autotune paths inside autotune.capture(FILE) (the campaign of what they ran).
+--benchmark-mode: autotune.set_benchmark_mode(True) first (untuned shapes time a few built configs).
+--markdown: print the table as markdown (docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(ROOT))
+
+
+def cuda_ms(fn, reps: int, warmup: int) -> float:
+    """Median wall time of fn() on the GPU, in ms (CUDA events around each call)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end))
+    return statistics.median(times)
+
+
+def max_diff(a, b) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+@contextlib.contextmanager
+def math_sdpa():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH]):
+        yield
+
+
+def llama(args):
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
+
+    import autotune.integrations.transformers  # noqa: F401  (registers attn_implementation="autotune")
+
+    cfg = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=args.layers,
+                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+                      rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.bfloat16).cuda().eval()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    prompt = torch.randint(0, cfg.vocab_size, (1, args.prompt), device="cuda", generator=g)
+    batch_prompt = torch.randint(0, cfg.vocab_size, (args.decode_batch, args.decode_prompt), device="cuda", generator=g)
+
+    def prefill():
+        return model(prompt, use_cache=False, logits_to_keep=1).logits[:, -1]
+
+    def decode_tokens_per_s():
+        cache = DynamicCache(config=cfg)
+        logits = model(batch_prompt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        token = logits.argmax(-1, keepdim=True)
+        steps = []
+        for _ in range(args.decode):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            token = model(token, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+            end.record()
+            steps.append((begin, end))
+        torch.cuda.synchronize()
+        seconds = sum(b.elapsed_time(e) for b, e in steps) / 1e3
+        return args.decode_batch * args.decode / seconds
+
+    rows = []
+    with torch.no_grad():
+        stock_logits = prefill()
+        with math_sdpa():
+            yardstick = max_diff(prefill(), stock_logits)
+        stock_ms = cuda_ms(prefill, args.reps, args.warmup)
+        stock_tps = statistics.median(decode_tokens_per_s() for _ in range(3))
+        model.set_attn_implementation("autotune")
+        with args.capture_context():
+            ours_logits = prefill()
+            ours_ms = cuda_ms(prefill, args.reps, args.warmup)
+            decode_tokens_per_s()  # warm-up: builds the decode buckets' kernels
+            ours_tps = statistics.median(decode_tokens_per_s() for _ in range(3))
+    diff = max_diff(ours_logits, stock_logits)
+    name = f"Llama-3-8B-shaped, {args.layers} layers"
+    rows.append((f"{name}: prefill B1 N{args.prompt}", "ms", stock_ms, ours_ms, diff, yardstick))
+    rows.append((f"{name}: decode B{args.decode_batch} from N{args.decode_prompt}, {args.decode} steps",
+                 "tokens/s", stock_tps, ours_tps, None, None))
+    return rows
+
+
+def vit(args):
+    import timm
+    import torch
+
+    import autotune
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_large_patch14_clip_336", pretrained=False).cuda().to(torch.bfloat16).eval()
+    images = torch.randn(args.vit_batch, 3, 336, 336, device="cuda", dtype=torch.bfloat16)
+    run = lambda: model(images)  # noqa: E731
+    with torch.no_grad():
+        stock_logits = run()
+        with math_sdpa():
+            yardstick = max_diff(run(), stock_logits)
+        stock_ms = cuda_ms(run, args.reps, args.warmup)
+        with autotune.patch_sdpa(), args.capture_context():
+            ours_logits = run()
+            ours_ms = cuda_ms(run, args.reps, args.warmup)
+    per_s = lambda ms: args.vit_batch / ms * 1e3  # noqa: E731
+    return [(f"ViT-L/14 336 px (timm), B{args.vit_batch}", "images/s", per_s(stock_ms), per_s(ours_ms),
+             max_diff(ours_logits, stock_logits), yardstick)]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", nargs="+", default=["llama", "vit"], choices=["llama", "vit"])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--prompt", type=int, default=2048)
+    p.add_argument("--decode", type=int, default=64)
+    p.add_argument("--decode-batch", type=int, default=32)
+    p.add_argument("--decode-prompt", type=int, default=4096)
+    p.add_argument("--vit-batch", type=int, default=64)
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--capture", metavar="FILE", default=None)
+    p.add_argument("--benchmark-mode", action="store_true")
+    p.add_argument("--markdown", action="store_true")
+    args = p.parse_args()
+
+    import torch
+
+    import autotune
+
+    if not torch.cuda.is_available():
+        print("models_e2e: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    if args.benchmark_mode:
+        autotune.set_benchmark_mode(True)
+    args.capture_context = (lambda: autotune.capture(args.capture)) if args.capture else contextlib.nullcontext
+    rows = []
+    for name in args.models:
+        rows += {"llama": llama, "vit": vit}[name](args)
+
+    print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}"
+          + (", capture on" if args.capture else "") + (", benchmark mode" if args.benchmark_mode else ""))
+    head = ("model", "unit", "stock", "autotune", "autotune/stock", "max |Δ logits|", "stock's own (math SDPA)")
+    lines = []
+    for label, unit, stock, ours, diff, yard in rows:
+        ratio = stock / ours if unit == "ms" else ours / stock  # > 1: autotune is faster
+        lines.append((label, unit, f"{stock:.1f}", f"{ours:.1f}", f"{ratio:.3f}",
+                      "" if diff is None else f"{diff:.3g}", "" if yard is None else f"{yard:.3g}"))
+    if args.markdown:
+        print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+        for line in lines:
+            print("| " + " | ".join(line) + " |")
+    else:
+        widths = [max(len(str(r[i])) for r in [head, *lines]) for i in range(len(head))]
+        for r in [head, *lines]:
+            print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    counts = autotune.fallback_counts()
+    print("fallbacks: " + ("none" if not counts else "; ".join(f"{where}: {why} ×{n}" for (where, why), n in counts.items())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
