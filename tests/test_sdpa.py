@@ -98,6 +98,14 @@ def test_supported_calls_run_the_kernel_with_gqa_unrepeated(stand_in):
     assert fallbacks.counts() == {}
 
 
+def test_a_causal_call_with_different_lengths_runs_the_kernel_top_left_like_pytorch(stand_in):
+    q, k, v = qkv(nk=24)
+    out = autotune.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert stand_in.calls[-1]["causal"] is True and stand_in.calls[-1]["k"][2] == 24  # SDPA's is_causal: top-left
+    assert torch.equal(out, TORCH_SDPA(q, k, v, is_causal=True))
+    assert fallbacks.counts() == {}
+
+
 def misaligned(b=2, h=4, n=16, d=64):
     flat = torch.randn(b * h * n * d + 1, dtype=torch.float16)
     return flat[1:].view(b, h, n, d)  # 2 bytes past a 16-byte boundary
@@ -111,7 +119,6 @@ FALLBACKS = [
     ("value head dim", lambda: ((*qkv()[:2], t(2, 4, 16, 128, dtype=torch.float16)), {}), "value"),
     ("broadcast batch", lambda: ((t(2, 4, 16, 64, dtype=torch.float16),) + qkv(b=1)[1:], {}), "broadcast"),
     ("gqa without enable_gqa", lambda: ((t(2, 4, 16, 64, dtype=torch.float16),) + qkv(h=1)[1:], {}), "enable_gqa"),
-    ("causal, different lengths", lambda: (qkv(nk=24), {"is_causal": True}), "seqlen_q != seqlen_k"),
     ("strided last dim", lambda: ((qkv(d=128)[0][..., ::2],) + qkv()[1:], {}), "non-contiguous last dim"),
     ("misaligned", lambda: ((misaligned(),) + qkv()[1:], {}), "not 16-byte aligned"),
     ("non-finite scale", lambda: (qkv(), {"scale": float("inf")}), "scale inf"),

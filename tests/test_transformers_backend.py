@@ -163,11 +163,11 @@ def test_a_static_cache_prefill_crops_the_empty_slots_like_transformers_sdpa(sta
     assert out.shape == (2, 8, 4, 64) and out.is_contiguous()
 
 
-def test_a_causal_call_with_more_queries_than_keys_falls_back(stand_in):
+def test_a_causal_call_with_more_queries_than_keys_runs_the_kernel_top_left_like_transformers_sdpa(stand_in):
     q, k, v = bhnd(n=8), bhnd(h=2, n=4), bhnd(h=2, n=4)
-    with pytest.warns(fallbacks.FallbackWarning, match="seqlen_q != seqlen_k"):
-        out, _ = backend.attention_forward(Module(), q, k, v, None)
-    assert torch.equal(out, SDPA(Module(), q, k, v, None)[0]) and stand_in.calls == []
+    out, _ = backend.attention_forward(Module(), q, k, v, None)
+    assert stand_in.calls == [{"q": (2, 4, 8, 64), "k": (2, 2, 4, 64), "causal": True, "scale": None}]
+    assert torch.equal(out, SDPA(Module(), q, k, v, None)[0])
 
 
 def test_a_non_causal_module_runs_without_the_causal_mask(stand_in):

@@ -16,7 +16,8 @@ with no repeat of the K/V heads. Everything else runs transformers' own SDPA fun
 exactly what attn_implementation="sdpa" would have run, and is counted and reported once per reason
 (autotune.fallback_counts()): an explicit mask (padding, sliding windows, chunked prefill), dropout, softcap, a
 position bias, attention sinks, output_attentions, a head dim or dtype the kernel lacks, CPU tensors, inputs that
-need a backward, causal calls with seqlen_q != seqlen_k (runtime/routing.causal_argument decides those).
+need a backward. Causal calls with seqlen_q != seqlen_k run the kernel top-left aligned, as transformers' SDPA
+path does (runtime/routing.causal_argument decides the alignment).
 """
 from __future__ import annotations
 

@@ -21,24 +21,22 @@ LOWER_RIGHT = "lower_right"  # query i sees keys j <= i + seqlen_k - seqlen_q: d
 
 
 def causal_argument(seqlen_q: int, seqlen_k: int, alignment: str = UPPER_LEFT):
-    """The kernel's `causal` argument for a causal call of `alignment`, or None: that call goes to the stock path.
-
-    The switch for causal calls with seqlen_q != seqlen_k. With equal lengths both alignments are the same mask
-    and the kernel's causal=True runs it. With different lengths the call falls back until the kernel's
-    lower-right mode (autotune.attention(..., causal="lower_right")) has landed and been checked against
-    PyTorch's causal_lower_right: then this returns True for UPPER_LEFT (the kernel's causal=True is top-left)
-    and the new argument for LOWER_RIGHT."""
+    """The kernel's `causal` argument for a causal call of `alignment` (autotune.attention's causal=): True for
+    equal lengths (both alignments are then one mask) and for UPPER_LEFT (the kernel's causal=True is top-left, as
+    SDPA's is_causal), "lower_right" for LOWER_RIGHT. The one place that decides it; returns None (the call goes to
+    the stock path, with causal_reason) for nothing today, and stays the switch should an alignment ever lack a
+    kernel mode."""
     if alignment not in (UPPER_LEFT, LOWER_RIGHT):
         raise ValueError(f"alignment: expected {UPPER_LEFT!r} or {LOWER_RIGHT!r}, got {alignment!r}")
-    if seqlen_q == seqlen_k:
+    if seqlen_q == seqlen_k or alignment == UPPER_LEFT:
         return True
-    return None
+    return LOWER_RIGHT
 
 
 def causal_reason(seqlen_q: int, seqlen_k: int, alignment: str = UPPER_LEFT) -> str:
     """The fallback reason for a causal call that causal_argument() sends to the stock path."""
     side = "top-left" if alignment == UPPER_LEFT else "bottom-right"
-    return f"causal with seqlen_q != seqlen_k ({side} aligned; the kernel's mode for it has not landed)"
+    return f"causal with seqlen_q != seqlen_k ({side} aligned; the kernel has no mode for it)"
 
 
 def unsupported(q, k, v) -> Optional[str]:

@@ -4,7 +4,7 @@ semantics, running the tuned kernel where it can and PyTorch's own function ever
 Routed to the kernel (routing.py): 4-d CUDA fp16/bf16 tensors with head_dim 64, 128 or 256 (the value's too), no
 attn_mask, dropout_p == 0, the same batch for q, k and v, k/v heads equal to q's or, with enable_gqa=True, dividing
 them (GQA goes in as it is, no repeat), a contiguous last dim, 16-byte aligned data, no autograd, a finite scale,
-and is_causal only with seqlen_q == seqlen_k (routing.causal_argument). Every other call runs PyTorch's function
+and is_causal with any lengths (top-left aligned, as PyTorch's; routing.causal_argument). Every other call runs PyTorch's function
 with the same arguments (what the caller would have got without autotune), and is counted and reported once per
 reason (fallbacks.py).
 
