@@ -145,3 +145,17 @@ def test_decode_axes_match_reference(builds, worker, problem, config, case):
     check = result.value
     assert check.ok, f"{config.key} on {shape.key} ({case.layout}, {case.causal_align}, seed {seed}): {check.message}"
     assert check.unwritten == 0 and check.nan_count == 0 and check.out_of_bounds == 0
+
+
+def test_bench_and_the_search_summary_show_time_and_kv_read_rate_for_decode():
+    from autotune.commands.bench_cmd import table
+
+    shape = Shape(batch=32, heads=32, kv_heads=8, seqlen_q=1, seqlen_k=4096, dtype="bf16")
+    rows = [{"name": "ours", "median_ms": 0.134, "tflops": shape.tflops(0.134e-3), "vs_flash": None, "vs_cudnn": None,
+             "status": "ok"}]
+    text = table(rows, shape.kv_bytes)
+    assert "K/V TB/s" in text.splitlines()[0]
+    assert f"{shape.kv_bytes / 0.134e-3 / 1e12:.2f}" in text.splitlines()[1] and "134.0" in text.splitlines()[1]
+    assert "TB/s" not in table(rows)  # prefill: TFLOPS only
+    assert shape.is_decode and not Shape(seqlen_q=17, seqlen_k=4096).is_decode
+    assert shape.kv_bytes == 2 * 32 * 8 * 4096 * 128 * 2

@@ -41,13 +41,20 @@ def _fmt(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def table(rows: list[dict]) -> str:
-    """Plain-text table of the rows (name, median ms, TFLOPS, vs flash, vs cuDNN, vs FA4, vs best, status)."""
+def table(rows: list[dict], kv_bytes: int | None = None) -> str:
+    """Plain-text table of the rows (name, median ms, TFLOPS, vs flash, vs cuDNN, vs FA4, vs best, status); with
+    kv_bytes (decode shapes, memory-bound) also µs and the K/V read rate in TB/s."""
     width = max(len(r["name"]) for r in rows)
-    lines = [f"{'name':<{width}}  {'median ms':>10}  {'TFLOPS':>8}  {'vs flash':>8}  {'vs cuDNN':>8}  {'vs FA4':>8}  "
-             f"{'vs best':>8}  status"]
+    rate_head = f"  {'µs':>9}  {'K/V TB/s':>8}" if kv_bytes else ""
+    lines = [f"{'name':<{width}}  {'median ms':>10}  {'TFLOPS':>8}{rate_head}  {'vs flash':>8}  {'vs cuDNN':>8}  "
+             f"{'vs FA4':>8}  {'vs best':>8}  status"]
     for r in rows:
-        lines.append(f"{r['name']:<{width}}  {_fmt(r['median_ms'], '10.4f')}  {_fmt(r['tflops'], '8.1f')}  "
+        ms = r["median_ms"]
+        rate = ""
+        if kv_bytes:
+            rate = (f"  {_fmt(ms * 1e3 if ms else None, '9.1f')}  "
+                    f"{_fmt(kv_bytes / (ms * 1e-3) / 1e12 if ms else None, '8.2f')}")
+        lines.append(f"{r['name']:<{width}}  {_fmt(ms, '10.4f')}  {_fmt(r['tflops'], '8.1f')}{rate}  "
                      f"{_fmt(r['vs_flash'], '8.2f')}  {_fmt(r['vs_cudnn'], '8.2f')}  {_fmt(r.get('vs_fa4'), '8.2f')}  "
                      f"{_fmt(r.get('vs_best'), '8.2f')}  {r['status']}")
     return "\n".join(lines)
@@ -121,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         r["vs_best"] = _ratio(r["median_ms"], best_ms)
 
     print(f"{shape.key} (layout {args.layout}) on {torch.cuda.get_device_name()} ({arch.name})")
-    print(table(rows))
+    print(table(rows, shape.kv_bytes if shape.is_decode else None))
     if args.json:
         Path(args.json).write_text(json.dumps({"shape": dataclasses.asdict(shape), "layout": args.layout,
                                                "gpu": torch.cuda.get_device_name(), "arch": arch.name,

@@ -169,7 +169,11 @@ def format_result(r) -> str:
         if peers:  # the fastest other kernel measured beside it (cuDNN, FlashAttention-4): the bar to clear
             name = max(peers, key=peers.get)
             versus += f"{',' if versus else ' ='} {best.outcome.tflops / peers[name]:.2f}× {name}"
-        lines.append(f"  best: trial #{best.number} {best.config.key}: {best.outcome.tflops:.1f} TFLOPS{versus}")
+        rate = ""
+        if r.shape.is_decode and best.outcome.time_ms:  # memory-bound: time and the K/V read rate say more
+            rate = (f" ({1e3 * best.outcome.time_ms:.1f} µs, K/V read at "
+                    f"{r.shape.kv_bytes / (best.outcome.time_ms * 1e-3) / 1e12:.2f} TB/s)")
+        lines.append(f"  best: trial #{best.number} {best.config.key}: {best.outcome.tflops:.1f} TFLOPS{rate}{versus}")
         rec = r.record
         if rec is not None:
             if rec.action == "held":
