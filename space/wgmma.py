@@ -5,8 +5,10 @@ messages, and tests/test_wgmma_compile.py compiles a sample to check that both s
 """
 from __future__ import annotations
 
+import itertools
+
 from .arch import Arch
-from .config import PACK_TILE_ROWS, Axis, Config, Family, Layout, register_family
+from .config import PACK_TILE_ROWS, Axis, Config, Family, Layout, register_family, violations
 from .problem import Problem, Shape
 from .resource_rules import (min_blocks_smem, rule, smem_optin_limit, static_smem_limit, threads_per_block,
                              threads_per_sm)
@@ -310,7 +312,34 @@ def decode_default(shape: Shape, arch: Arch) -> Config | None:
     return c.replace(kv_splits=splits)
 
 
+# The decode axes come last, and only these rules read them (the layout, and so every resource rule, does not):
+# valid_wgmma_configs checks the other rules once per combination of the other axes, then expands.
+DECODE_AXES = ("kv_splits", "pack_gqa")
+DECODE_RULES = (kv_splits_range, split_pack_need_grid, kv_splits_store_direct)
+assert tuple(a.name for a in AXES[-len(DECODE_AXES):]) == DECODE_AXES
+
+
+def valid_wgmma_configs(p: Problem, a: Arch) -> list[Config]:
+    """space.valid_configs for this family, in the same order, without checking the whole cross product (the
+    decode axes multiply it by 20): tests/test_wgmma_compile.py compares it with the brute force on a sample."""
+    base_axes = AXES[:-len(DECODE_AXES)]
+    names = tuple(ax.name for ax in base_axes)
+    expansions = tuple(itertools.product(*(ax.values for ax in AXES[-len(DECODE_AXES):])))
+    out = []
+    for combo in itertools.product(*(ax.values for ax in base_axes)):
+        base = Config("wgmma", tuple(zip(names, combo)) + tuple(zip(DECODE_AXES, expansions[0])))
+        if violations(base, p, a):
+            continue
+        lay = layout(base, p)
+        for values in expansions:
+            c = base if values == expansions[0] else Config("wgmma", base.values[:len(names)] + tuple(zip(DECODE_AXES, values)))
+            if not any(rule.check(c, p, a, lay) for rule in DECODE_RULES):
+                out.append(c)
+    return out
+
+
 FAMILY = register_family(Family(
     name="wgmma", source="sm90/flash_fwd.cu", entry="flash_fwd_wgmma",
     axes=AXES, rules=RULES, layout=layout, default=default, shape_default=decode_default,
+    valid=valid_wgmma_configs,
 ))

@@ -222,3 +222,14 @@ def test_tensor_map_geometry_rejects(shape, strides, ptr, box, match):
 
     with pytest.raises(ValueError, match=match):
         tensor_map_geometry(shape, strides, 2, ptr, box)
+
+
+@pytest.mark.parametrize("problem", SAMPLE_PROBLEMS, ids=lambda p: p.key)
+def test_the_fast_valid_configs_are_the_brute_forces(problem):
+    fast = space.wgmma.valid_wgmma_configs(problem, ARCH)
+    chosen = set(fast)
+    everything = list(space.enumerate_configs(FAMILY.name))
+    assert fast == [c for c in everything if c in chosen]  # the same order, no duplicate
+    for c in random.Random(SEED).sample(everything, 4000) + fast[::50]:
+        assert space.is_valid(c, problem, ARCH) == (c in chosen), c.key
+    assert space.valid_configs(problem, ARCH, ("wgmma",)) == fast
