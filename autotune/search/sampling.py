@@ -103,13 +103,12 @@ class SearchSpace:
 @functools.lru_cache(maxsize=64)
 def _valid_domains(family: str, problem: Problem, arch: Arch) -> dict[str, tuple] | None:
     """Per axis, the values used by at least one valid config (None: no valid config at all). Cached: it walks
-    the whole cross product (tens of thousands of configs), and the answer depends on nothing else."""
+    every valid config (thousands), and the answer depends on nothing else."""
     axes = space.get_family(family).axes
     used: dict[str, set] = {a.name: set() for a in axes}
-    for config in space.enumerate_configs(family):
-        if space.is_valid(config, problem, arch):
-            for name, value in config.values:
-                used[name].add(value)
+    for config in space.valid_configs(problem, arch, (family,)):  # the family's fast path where it has one
+        for name, value in config.values:
+            used[name].add(value)
     if not used[axes[0].name]:
         return None
     return {a.name: tuple(v for v in a.values if v in used[a.name]) for a in axes}
