@@ -23,7 +23,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autotune.build.builder import Builder
-    from autotune.build.nvcc import NvccNotFoundError
+    from autotune.build.nvcc import NvccNotFoundError, locate_nvcc
 
     problem = problem_from_args(args)
     arch = arch_from_args(args, "build")
@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
         return USAGE_ERROR
 
     try:
-        builder = Builder(arch, cache_dir=args.cache_dir)
+        nvcc, found_at = locate_nvcc()
+        builder = Builder(arch, cache_dir=args.cache_dir, nvcc=nvcc)
     except NvccNotFoundError as e:
         print(f"autotune build: {e}", file=sys.stderr)
         return USAGE_ERROR
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     lay = space.layout(config, problem)
 
     rows = [("config", config.key), ("problem", problem.key), ("arch", f"{arch.name} ({arch.gencode})"),
+            ("nvcc", f"{nvcc} (from {found_at}; {builder.nvcc_version.split(';')[0]})"),
             ("status", result.status + (" (cached)" if result.cached else ""))]
     if result.report:
         r = result.report
