@@ -11,7 +11,8 @@ from .space_cmd import USAGE_ERROR, add_problem_arguments, arch_from_args, probl
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("build", help="build one config and print its ptxas report", description=__doc__)
+    p = subparsers.add_parser("build", help="build one config and print its ptxas report (nvcc, no GPU)",
+                              description=__doc__)
     p.add_argument("--config", default=None, metavar="KEY",
                    help="config key as printed by `autotune space`, e.g. 'mma_sync:br=128,bc=64,...' "
                         "(default: the heuristic default for the problem and arch)")

@@ -53,8 +53,8 @@ class SearchOptions:
     replay: object = None                  # a landscape file (or Landscape): no nvcc, no GPU, see landscapes/replay.py
 
     def check(self) -> None:
-        if self.trials < 0:
-            raise ValueError(f"--trials: expected a count ≥ 0, got {self.trials}")
+        if self.trials < 1:  # 0 would run a search that can only end with nothing found
+            raise ValueError(f"--trials: expected a count ≥ 1, got {self.trials}")
         if self.timeout is not None and self.timeout <= 0:
             raise ValueError(f"--timeout: expected seconds > 0, got {self.timeout}")
         if self.jobs is not None and self.jobs < 1:
