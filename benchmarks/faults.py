@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fault drill (issue 12): kill searches, restart their database, run two on one SQLite study, then count what was
+"""Fault drill: kill searches, restart their database, run two on one SQLite study, then count what was
 lost. CPU only: every search replays a synthetic landscape of every valid config of the current space
 (tests/landscape_fixtures.py: made-up figures; a recorded landscape of studies/landscapes/ predates axes added
 since, and a replay refuses configs it has no row for), each evaluation paced by

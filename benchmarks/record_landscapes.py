@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Record the three H200 landscapes of issue 7 in one command, within a fixed wall-time budget.
+"""Record the first three H200 landscapes of docs/search.md in one command, within a fixed wall-time budget.
 
     PYTHONPATH=. python3 benchmarks/record_landscapes.py [--budget-s 210] [--jobs N]
     PYTHONPATH=. python3 benchmarks/record_landscapes.py --build-only --arch sm_90 --limit 8      # no GPU
