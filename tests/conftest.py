@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from autotune.build.nvcc import WHEELS_HINT, NvccNotFoundError, find_nvcc
+from autotune.build.nvcc import WHEELS_HINT, NvccNotFoundError, find_nvcc, nvcc_version
 
 
 @functools.lru_cache(maxsize=None)
 def nvcc_missing() -> str | None:
     """Why no nvcc can be used on this machine (the skip reason), or None when one is found."""
     try:
-        find_nvcc()
+        nvcc_version(find_nvcc())  # found and runs (a wrapper script left pointing at a removed toolkit does not)
     except NvccNotFoundError:
         return f"needs nvcc, and none is found: {WHEELS_HINT}, or install the CUDA toolkit"
     return None
