@@ -6,7 +6,8 @@ Search order, first hit wins:
   3. torch's `torch.utils.cpp_extension.CUDA_HOME`  (only if torch imports; it knows where its CUDA lives)
   4. `/usr/local/cuda/bin/nvcc`                 (the installer's default)
   5. NVIDIA's CUDA 13 wheels (`pip install 'autotune[nvcc]'`): `nvidia/cu13/bin/nvcc` in the `nvidia` namespace
-     package, with the headers (nvidia-cuda-runtime, nvidia-cuda-crt) and cicc (nvidia-nvvm) it needs beside it
+     package, with the headers (nvidia-cuda-runtime, nvidia-cuda-crt, nvidia-cuda-cccl) and cicc (nvidia-nvvm)
+     it needs beside it
 
 A system toolkit, wherever it is found, wins over the wheels: they are the fallback for machines without one.
 `locate_nvcc` also says which of these places it came from (`autotune build` prints it).
