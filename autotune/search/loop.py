@@ -222,9 +222,8 @@ def open_session(options: SearchOptions, url: str, *, builder=None, evaluator=No
         if options.replay is not None and not options.study_name:
             # Named after the landscape's file, not the shape: never the name of the real study recorded on that
             # GPU, nor that of another recording of the same shape replayed into the same storage.
-            ls = options.replay
-            name = f"replay-{ls.name}" + ("" if set(options.families) == set(ls.families)
-                                          else "-" + "+".join(options.families))
+            ls, families = options.replay, options.families or options.replay.families
+            name = f"replay-{ls.name}" + ("" if set(families) == set(ls.families) else "-" + "+".join(families))
         seed = options.seed
         # SQLite: refuse a second search process on this study before touching it (coordination.StudyLock)
         lock = peers.lock_study(url, name) if worker is None else None
