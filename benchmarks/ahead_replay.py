@@ -10,7 +10,7 @@ blind spot), and the trials to 98 % of the landscape's optimum (the trials asked
 12-13 s): a build call 2 s from an empty cache, 0.5 s half cached, 20 ms warm; an evaluation 0.2 s.
 
     PYTHONPATH=. python3 benchmarks/ahead_replay.py \\
-        studies/landscapes/h200-b4-h16-n4096-d128-fp16-full-wgmma-axes.json --seeds 8 --aheads 2 8 16 32
+        studies/landscapes/h200-b4-h16-n4096-d128-fp16-full-wgmma-2026-12-01.json --seeds 8 --aheads 2 8 16 32
 """
 from __future__ import annotations
 

@@ -206,9 +206,12 @@ class Config:
         fam = get_family(family)
         out = {}
         for part in filter(None, rest.split(",")):
-            n, _, raw = part.partition("=")
+            n, eq, raw = part.partition("=")
             axis = fam.axis(n)
-            out[n] = _parse(raw, axis.values)
+            if not eq or not raw:  # 'consumer_wgs' or 'consumer_wgs=': say so, rather than "value ''"
+                raise ValueError(f"config key: axis {n!r} is given no value ({part!r}); expected {n}=VALUE, one "
+                                 f"of {[_fmt(v) for v in axis.values]}")
+            out[n] = _parse(n, raw, axis.values)
         return cls.make(family, **out)
 
     def __str__(self) -> str:
@@ -221,11 +224,11 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def _parse(raw: str, domain: tuple):
+def _parse(name: str, raw: str, domain: tuple):
     for v in domain:
         if _fmt(v) == raw:
             return v
-    raise ValueError(f"config key: value {raw!r} not in domain {list(domain)}")
+    raise ValueError(f"config key: axis {name!r} has no value {raw!r}; its values: {[_fmt(v) for v in domain]}")
 
 
 def defines(config: Config, problem: Problem) -> dict[str, int]:

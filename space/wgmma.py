@@ -260,7 +260,7 @@ def default(p: Problem, a: Arch) -> Config:
     per shape; docs/benchmarks.md): 2 consumer warpgroups ping-ponging with intra-warpgroup overlap for d128,
     3 warpgroups without ping-pong for d64. FlashAttention-3's own picks (Bc 176 for d128) measured slower here.
     d256 keeps FA3's Bc 80 with two stages, intra-warpgroup overlap without ping-pong and O staged in smem: 711
-    TFLOPS on B2 H8 N4096 d256 bf16 once K is released as soon as S has read it (benchmarks/issue11_ab.sh,
+    TFLOPS on B2 H8 N4096 d256 bf16 once K is released as soon as S has read it (benchmarks/wgmma_levers_ab.sh,
     2026-12-01; the non-overlapped loop, the previous default, 631; FlashAttention-4 717)."""
     if p.head_dim == 64:
         return Config.make("wgmma", consumer_wgs=3, bc=112, stages=4, setmaxnreg=True, overlap=True,

@@ -1,4 +1,4 @@
-"""Wasted asks cost nothing and teach nothing wrong (issue 15): proposals in an in-memory shadow study, stored
+"""Wasted asks cost nothing and teach nothing wrong: proposals in an in-memory shadow study, stored
 trials created and told in one transaction each, a start that counts built configs, the time split, and a replay
 that searches only what its landscape recorded. CPU only: the GPU step and the builds are replayed from synthetic
 landscapes (tests/landscape_fixtures.py).

@@ -13,7 +13,7 @@ import pytest
 import space
 from autotune.build.builder import (Builder, BuildError, CacheIntegrityWarning, CubinMismatchError, default_cache_dir,
                                      default_kernels_dir)
-from autotune.build.nvcc import find_nvcc
+from autotune.build.nvcc import find_nvcc, locate_nvcc
 
 PROBLEM = space.Problem(head_dim=64)
 ARCH = space.get_arch("sm_90")
@@ -229,6 +229,9 @@ def test_build_command_prints_the_report_then_hits_the_cache(capsys, build_cache
     assert DEFAULT.key in first
     for field in ("registers", "spill", "stack", "smem", "threads", "cubin"):
         assert f"\n{field} " in first
+    nvcc, found_at = locate_nvcc()  # it says which nvcc it used, and where that one was found
+    assert re.search(rf"\nnvcc +{re.escape(str(nvcc))} \(from {re.escape(found_at)}; Cuda compilation tools, release ",
+                     first)
     assert re.search(r"\nstatus +\w+ \(cached\)\n", second)  # the second run only reads the cache
 
 
@@ -261,7 +264,8 @@ def test_commands_without_arch_or_gpu_ask_for_arch(capsys, monkeypatch):
     monkeypatch.setattr(gpu_arch, "_torch_capability", lambda device: None)
     monkeypatch.setattr(gpu_arch, "_driver_capability", lambda device: None)
     assert main(["space", "--head-dim", "128"]) == 2
-    assert "no CUDA GPU visible; pass --arch sm_90 (or sm_100, sm_103)" in capsys.readouterr().err
+    assert ("no CUDA GPU visible; pass --arch, one of sm_80, sm_86, sm_89, sm_90, sm_100, sm_103, sm_120"
+            in capsys.readouterr().err)  # every supported arch, not a few
     monkeypatch.setattr(gpu_arch, "_torch_capability", lambda device: (10, 3))
     assert gpu_arch.detect_arch().name == "sm_103"
 

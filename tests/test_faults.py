@@ -1,4 +1,4 @@
-"""Faults a careless user meets (issue 12): each protection of the search, tested so that the test fails when that
+"""Faults a careless user meets: each protection of the search, tested so that the test fails when that
 protection is switched off, driven by events (the double's gates, heartbeats counted as they happen, processes
 waited for) rather than by sleeps and luck.
 

@@ -1,4 +1,4 @@
-"""Correctness matrix of the mma_sync kernel on a GPU (issue 2), and checks that the checker itself can fail.
+"""Correctness matrix of the mma_sync kernel on a GPU, and checks that the checker itself can fail.
 
 Design: a covering set, not a cross product.
   * Compile-time problems: every (head_dim in {64, 128}) × (dtype in {fp16, bf16}) × (causal in {no, yes}) — 8.

@@ -1,4 +1,4 @@
-"""What a `--workers` search costs before and after its trials (issue 16: on a 2-GPU H200 host, 2 workers took
+"""What a `--workers` search costs before and after its trials (measured on a 2-GPU H200 host, 2 workers took
 0.80x the wall time of one for 60 trials, where the trial loops alone took 0.51x; the rest was start-up and the
 finale). On CPU, through the evaluator double's call log: the launcher starts one evaluation child for the whole
 run (its device query, then idle until the finale re-times in it), not a second one at the end; workers on GPUs of

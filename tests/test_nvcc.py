@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.build import nvcc as nvcc_mod
-from autotune.build.nvcc import NvccNotFoundError, find_nvcc, nvcc_version
+from autotune.build.nvcc import WHEELS_HINT, NvccNotFoundError, find_nvcc, nvcc_version
 
 
 def fake_cuda_home(root: Path, version_line: str = "Cuda compilation tools, release 99.1, V99.1.1") -> Path:
@@ -23,11 +23,12 @@ def fake_cuda_home(root: Path, version_line: str = "Cuda compilation tools, rele
 
 @pytest.fixture
 def nowhere(monkeypatch, tmp_path):
-    """No CUDA_HOME, an empty PATH, no torch and no /usr/local/cuda: every place comes up empty."""
+    """No CUDA_HOME, an empty PATH, no torch, no /usr/local/cuda and no wheels: every place comes up empty."""
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
     monkeypatch.setattr(nvcc_mod, "_torch_cuda_home", lambda: None)
     monkeypatch.setattr(nvcc_mod, "DEFAULT_CUDA_HOME", tmp_path / "no-cuda")
+    monkeypatch.setattr(nvcc_mod, "wheel_cuda_homes", lambda: [])
 
 
 def test_cuda_home_comes_first(monkeypatch, tmp_path):
@@ -91,3 +92,87 @@ def test_the_real_nvcc_reports_a_release():
     version = nvcc_version()
     assert version.startswith("Cuda compilation tools, release ")
     assert os.access(find_nvcc(), os.X_OK)
+
+
+# ---- NVIDIA's nvcc wheels: the fallback when the machine has no CUDA toolkit ------------------------------------
+
+def fake_wheel_home(root: Path, companions: bool = True) -> Path:
+    """nvidia/cu13/ as NVIDIA's CUDA 13 wheels lay it out: bin/nvcc, and (with companions) the runtime and crt
+    headers and nvvm's cicc beside it."""
+    home = fake_cuda_home(root / "nvidia" / "cu13")
+    if companions:
+        for rel, _ in nvcc_mod.WHEEL_COMPANIONS:
+            (home / rel).parent.mkdir(parents=True, exist_ok=True)
+            (home / rel).write_text("")
+    return home
+
+
+def test_the_wheels_come_after_every_system_toolkit(nowhere, monkeypatch, tmp_path):
+    wheel = fake_wheel_home(tmp_path / "site")
+    monkeypatch.setattr(nvcc_mod, "wheel_cuda_homes", lambda: [wheel])
+    assert nvcc_mod.locate_nvcc() == (wheel / "bin" / "nvcc", "NVIDIA's nvcc wheels")
+    default_home = fake_cuda_home(tmp_path / "default-cuda")
+    monkeypatch.setattr(nvcc_mod, "DEFAULT_CUDA_HOME", default_home)
+    assert nvcc_mod.locate_nvcc() == (default_home / "bin" / "nvcc", str(default_home))
+
+
+def test_the_wheels_are_found_in_the_nvidia_namespace_package(monkeypatch, tmp_path):
+    older = fake_wheel_home(tmp_path / "a").parent / "cu12"
+    older.mkdir()
+    newer = fake_wheel_home(tmp_path / "b")
+    monkeypatch.delitem(__import__("sys").modules, "nvidia", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path / "a"))
+    monkeypatch.syspath_prepend(str(tmp_path / "b"))
+    homes = nvcc_mod.wheel_cuda_homes()
+    assert homes.index(newer) < homes.index(older)
+
+
+def test_a_wheel_nvcc_without_its_companions_names_the_wheels_to_add(nowhere, monkeypatch, tmp_path):
+    wheel = fake_wheel_home(tmp_path / "site", companions=False)
+    (wheel / "include" / "crt").mkdir(parents=True)
+    (wheel / "include" / "crt" / "host_config.h").write_text("")
+    monkeypatch.setattr(nvcc_mod, "wheel_cuda_homes", lambda: [wheel])
+    with pytest.raises(NvccNotFoundError) as err:
+        find_nvcc()
+    assert "pip install nvidia-cuda-runtime nvidia-cuda-cccl nvidia-nvvm`" in str(err.value)
+
+
+def test_not_found_suggests_the_wheels(nowhere):
+    with pytest.raises(NvccNotFoundError) as err:
+        find_nvcc()
+    assert "NVIDIA's nvcc wheels (none installed)" in str(err.value)
+    assert "pip install 'autotune[nvcc]'" in str(err.value)
+
+
+def system_toolkit_hidden(monkeypatch, tmp_path) -> None:
+    """As on a machine without a CUDA toolkit: no CUDA_HOME, no nvcc on PATH, nothing at torch's CUDA_HOME or
+    /usr/local/cuda (torch's own search would find /usr/local/cuda, so it is hidden too)."""
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    path = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d and not (Path(d) / "nvcc").exists()]
+    monkeypatch.setenv("PATH", os.pathsep.join(path))
+    monkeypatch.setattr(nvcc_mod, "_torch_cuda_home", lambda: None)
+    monkeypatch.setattr(nvcc_mod, "DEFAULT_CUDA_HOME", tmp_path / "no-cuda")
+
+
+def test_the_pip_nvcc_builds_a_config_of_each_family_with_the_system_toolkit_hidden(monkeypatch, tmp_path):
+    """The proof that `pip install 'autotune[nvcc]'` is enough to compile: CI installs the wheels and sets
+    AUTOTUNE_REQUIRE_PIP_NVCC=1, so there this test fails rather than skips when they are missing."""
+    import space
+    from autotune.build.builder import Builder
+
+    system_toolkit_hidden(monkeypatch, tmp_path)
+    try:
+        nvcc, found_at = nvcc_mod.locate_nvcc()
+    except NvccNotFoundError as e:
+        if os.environ.get("AUTOTUNE_REQUIRE_PIP_NVCC") == "1":
+            raise
+        pytest.skip(f"NVIDIA's nvcc wheels are not installed ({WHEELS_HINT}): {e}")
+    assert found_at == "NVIDIA's nvcc wheels"
+    arch = space.get_arch("sm_90")
+    problem = space.Problem(head_dim=64, dtype="fp16", causal=True)
+    configs = [space.default_config(problem, arch, family) for family in ("mma_sync", "wgmma")]
+    results = Builder(arch, cache_dir=tmp_path / "cache", nvcc=nvcc).build([(c, problem) for c in configs])
+    for config, result in zip(configs, results):
+        assert result.ok and not result.spilled, (config.key, result.error)
+        assert result.report.registers > 0 and Path(result.cubin_path).stat().st_size > 0

@@ -652,7 +652,7 @@ def test_import_autotune_does_not_import_torch():
     assert "attention" in done.stdout
 
 
-# ---- one bad row costs that row (issue 12) ---------------------------------------------------------------------
+# ---- one bad row costs that row ----------------------------------------------------------------------------
 
 def test_a_shipped_row_whose_config_contradicts_its_key_is_skipped_and_the_file_kept(tmp_path, db):
     tables = shipped_dir(tmp_path, entry(shape(n=1024), CFG_A), entry(shape(n=4096), CFG_C))

@@ -1,4 +1,4 @@
-"""Nothing a user stored is ever lost, tried as a careless user would (issue 12): storage mistakes give one line
+"""Nothing a user stored is ever lost, tried as a careless user would: storage mistakes give one line
 naming the URL or file and what to do, exit 2 and leave every file as it was; read-only commands create
 nothing; `export` never empties a table by mistake and replaces its file atomically; `best` shows where the
 runtime's configs come from and matches --gpu one way everywhere.

@@ -1,4 +1,4 @@
-"""Correctness matrix of the wgmma family on a Hopper GPU (issue 8), through the project's own build → load →
+"""Correctness matrix of the wgmma family on a Hopper GPU, through the project's own build → load →
 check path (autotune.measure.check in an autotune.measure.child_process child, so a fault or hang fails one test, not the matrix).
 
 Configs: a fixed ladder from the plainest producer/consumer kernel to the FA3-style combinations (setmaxnreg,

@@ -9,7 +9,7 @@ May import: space/ only (and nvcc, ninja, nvdisasm as programs). Nothing else of
 
 Public names: builder.Builder, BuildResult, BuildReport, BuildError, CacheIntegrityWarning, CubinMismatchError,
 file_sha256, default_cache_dir, default_kernels_dir,
-define_flags, family_sources, sources_digest, provenance, cubin_key; nvcc.find_nvcc, nvcc_version,
-NvccNotFoundError; ptxas.parse_report, parse_functions, PtxasParseError; spill_policy.SpillPolicy;
+define_flags, family_sources, sources_digest, provenance, cubin_key; nvcc.find_nvcc, locate_nvcc, nvcc_version,
+wheel_cuda_homes, NvccNotFoundError, WHEELS_HINT; ptxas.parse_report, parse_functions, PtxasParseError; spill_policy.SpillPolicy;
 sass.disassemble, basic_blocks, find_loops, find_nvdisasm, NvdisasmNotFoundError.
 """

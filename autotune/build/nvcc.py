@@ -5,6 +5,12 @@ Search order, first hit wins:
   2. `nvcc` on `PATH`
   3. torch's `torch.utils.cpp_extension.CUDA_HOME`  (only if torch imports; it knows where its CUDA lives)
   4. `/usr/local/cuda/bin/nvcc`                 (the installer's default)
+  5. NVIDIA's CUDA 13 wheels (`pip install 'autotune[nvcc]'`): `nvidia/cu13/bin/nvcc` in the `nvidia` namespace
+     package, with the headers (nvidia-cuda-runtime, nvidia-cuda-crt, nvidia-cuda-cccl) and cicc (nvidia-nvvm)
+     it needs beside it
+
+A system toolkit, wherever it is found, wins over the wheels: they are the fallback for machines without one.
+`locate_nvcc` also says which of these places it came from (`autotune build` prints it).
 """
 from __future__ import annotations
 
@@ -15,6 +21,16 @@ import subprocess
 from pathlib import Path
 
 DEFAULT_CUDA_HOME = Path("/usr/local/cuda")
+WHEELS_HINT = ("`pip install 'autotune[nvcc]'` (NVIDIA's nvcc wheels: nvidia-cuda-nvcc, nvidia-cuda-crt, "
+               "nvidia-cuda-cccl, nvidia-nvvm, nvidia-cuda-runtime)")
+WHEELS = "NVIDIA's nvcc wheels"
+# What nvcc needs beside it in a wheel-made CUDA root (nvcc.profile points at ../include and ../nvvm), and the
+# wheel that brings each. nvidia-cuda-nvcc 13.5 depends on the runtime, crt and nvvm wheels but not on CCCL,
+# whose nv/target cuda_fp16.h includes: without it every kernel fails to compile.
+WHEEL_COMPANIONS = (("include/cuda_runtime.h", "nvidia-cuda-runtime"),
+                    ("include/crt/host_config.h", "nvidia-cuda-crt"),
+                    ("include/cccl/nv/target", "nvidia-cuda-cccl"),
+                    ("nvvm/bin/cicc", "nvidia-nvvm"))
 
 
 class NvccNotFoundError(FileNotFoundError):
@@ -47,34 +63,74 @@ def _under(home: str | None, name: str, unset: str, tried: list[str]) -> Path | 
     return None
 
 
-def find_nvcc() -> Path:
-    """The nvcc to use; raises NvccNotFoundError saying where it looked and how to fix it."""
+def wheel_cuda_homes() -> list[Path]:
+    """CUDA roots made by NVIDIA's CUDA 13+ wheels: nvidia/cu<major>/ in each directory of the `nvidia` namespace
+    package, newest major first. Empty when no such wheel is installed."""
+    try:
+        import nvidia  # namespace package of NVIDIA's wheels (no __init__.py)
+    except ImportError:
+        return []
+    homes = [p for root in getattr(nvidia, "__path__", []) for p in Path(root).glob("cu[0-9]*") if p.is_dir()]
+    return sorted(homes, key=lambda p: int(p.name[2:]) if p.name[2:].isdigit() else 0, reverse=True)
+
+
+def _from_wheels(tried: list[str]) -> Path | None:
+    """nvcc of the first wheel-made CUDA root that has it and its companions; else None, noting why in `tried`."""
+    homes = wheel_cuda_homes()
+    for home in homes:
+        candidate = home / "bin" / "nvcc"
+        if not _executable(candidate):
+            tried.append(f"{WHEELS}: {candidate} (not an executable file)")
+            continue
+        missing = [wheel for rel, wheel in WHEEL_COMPANIONS if not (home / rel).is_file()]
+        if missing:
+            tried.append(f"{WHEELS}: {candidate} is there, but not what it compiles with: "
+                         f"`pip install {' '.join(missing)}`")
+            continue
+        return candidate
+    if not homes:
+        tried.append(f"{WHEELS} (none installed)")
+    return None
+
+
+def locate_nvcc() -> tuple[Path, str]:
+    """The nvcc to use and where it was found ("$CUDA_HOME", "PATH", ..., "NVIDIA's nvcc wheels"); raises
+    NvccNotFoundError saying where it looked and how to fix it."""
     tried: list[str] = []
 
     found = _under(os.environ.get("CUDA_HOME"), "$CUDA_HOME", "$CUDA_HOME/bin/nvcc (CUDA_HOME is not set)", tried)
     if found:
-        return found
+        return found, "$CUDA_HOME"
 
     on_path = shutil.which("nvcc")
     if on_path:
-        return Path(on_path)
+        return Path(on_path), "PATH"
     tried.append("nvcc on PATH (not found)")
 
     found = _under(_torch_cuda_home(), "torch.utils.cpp_extension.CUDA_HOME",
                    "torch.utils.cpp_extension.CUDA_HOME (torch not importable or CUDA_HOME unknown to it)", tried)
     if found:
-        return found
+        return found, "torch's CUDA_HOME"
 
     candidate = DEFAULT_CUDA_HOME / "bin" / "nvcc"
     if _executable(candidate):
-        return candidate
+        return candidate, str(DEFAULT_CUDA_HOME)
     tried.append(f"{candidate} (not an executable file)")
+
+    found = _from_wheels(tried)
+    if found:
+        return found, WHEELS
 
     raise NvccNotFoundError(
         "nvcc not found; looked at:\n  - " + "\n  - ".join(tried)
-        + "\nFix: install the CUDA toolkit and set CUDA_HOME to its root (the directory holding bin/nvcc), "
-        "e.g. `export CUDA_HOME=/usr/local/cuda-13.0`."
+        + f"\nFix: {WHEELS_HINT}, or install the CUDA toolkit and set CUDA_HOME to its root (the directory "
+        "holding bin/nvcc), e.g. `export CUDA_HOME=/usr/local/cuda-13.0`."
     )
+
+
+def find_nvcc() -> Path:
+    """The nvcc to use (locate_nvcc's path); raises NvccNotFoundError saying where it looked and how to fix it."""
+    return locate_nvcc()[0]
 
 
 def nvcc_version(nvcc: str | os.PathLike | None = None) -> str:

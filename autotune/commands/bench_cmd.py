@@ -22,7 +22,8 @@ BAR = ("flash", "cudnn", "fa4")  # the peers a config has to beat: "vs best" is 
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("bench", help="time configs beside torch SDPA backends and FlashAttention-4",
+    p = subparsers.add_parser("bench",
+                              help="time configs beside torch SDPA backends and FlashAttention-4 (needs a GPU)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", action="append", default=None, metavar="KEY",
                    help="config key (repeatable; default: the heuristic default)")

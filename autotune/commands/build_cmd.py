@@ -11,7 +11,8 @@ from .space_cmd import USAGE_ERROR, add_problem_arguments, arch_from_args, probl
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("build", help="build one config and print its ptxas report", description=__doc__)
+    p = subparsers.add_parser("build", help="build one config and print its ptxas report (nvcc, no GPU)",
+                              description=__doc__)
     p.add_argument("--config", default=None, metavar="KEY",
                    help="config key as printed by `autotune space`, e.g. 'mma_sync:br=128,bc=64,...' "
                         "(default: the heuristic default for the problem and arch)")
@@ -23,7 +24,7 @@ def add_parser(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from autotune.build.builder import Builder
-    from autotune.build.nvcc import NvccNotFoundError
+    from autotune.build.nvcc import NvccNotFoundError, locate_nvcc
 
     problem = problem_from_args(args)
     arch = arch_from_args(args, "build")
@@ -34,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
         return USAGE_ERROR
 
     try:
-        builder = Builder(arch, cache_dir=args.cache_dir)
+        nvcc, found_at = locate_nvcc()
+        builder = Builder(arch, cache_dir=args.cache_dir, nvcc=nvcc)
     except NvccNotFoundError as e:
         print(f"autotune build: {e}", file=sys.stderr)
         return USAGE_ERROR
@@ -42,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     lay = space.layout(config, problem)
 
     rows = [("config", config.key), ("problem", problem.key), ("arch", f"{arch.name} ({arch.gencode})"),
+            ("nvcc", f"{nvcc} (from {found_at}; {builder.nvcc_version.split(';')[0]})"),
             ("status", result.status + (" (cached)" if result.cached else ""))]
     if result.report:
         r = result.report

@@ -101,15 +101,30 @@ def run(args: argparse.Namespace) -> int:
     if args.order == "neighbours":
         plans = campaign.neighbour_order(plans)
     if args.dry_run:
-        for n, opts in enumerate(plans, 1):
-            print(f"{n}. {opts.shape.key}: {opts.trials} trials, sampler {opts.sampler}, warm start {opts.warm_start}"
-                  f"{', study ' + opts.study_name if opts.study_name else ''}"
-                  f"{', workers ' + str(opts.workers) if opts.workers > 1 else ''}")
-        return 0
+        return _dry_run(plans)
     if args.reserve_s is not None and args.budget_s is None:
         return _fail("--reserve-s: only means something with --budget-s")
     return execute(plans, args.evaluator is None, budget_s=args.budget_s, reserve_s=args.reserve_s,
                    snapshot=args.snapshot, markdown=args.markdown, warm_from=args.warm_from)
+
+
+def _dry_run(plans: list) -> int:
+    """Each shape's search as it would run (the file's keys applied), after the checks that need no GPU and
+    touch nothing: the storage URLs are read (a plain path is refused here as in a real run), not opened."""
+    from autotune.store import storage_url
+
+    try:
+        urls = sorted({storage_url.resolve_storage_url(p.storage or None) for p in plans})
+    except ValueError as err:  # storage_url.StorageError
+        return _fail(str(err))
+    print(f"storage: {', '.join(storage_url.describe(u) for u in urls)}")
+    for n, opts in enumerate(plans, 1):
+        print(f"{n}. {opts.shape.key}: {opts.trials} trials, sampler {opts.sampler}, warm start {opts.warm_start}, "
+              f"family {'+'.join(opts.families) if opts.families else 'every family of the arch'}, "
+              f"retime top {opts.retime_top} in {opts.retime_rounds} rounds"
+              f"{', study ' + opts.study_name if opts.study_name else ''}"
+              f"{', workers ' + str(opts.workers) if opts.workers > 1 else ''}")
+    return 0
 
 
 def execute(plans: list, needs_gpu: bool, *, budget_s: float | None = None, reserve_s: float | None = None,

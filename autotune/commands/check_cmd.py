@@ -120,7 +120,8 @@ def build_configs(configs: list[space.Config], problem: space.Problem, arch: spa
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("check", help="run one config against the fp32 reference", description=__doc__)
+    p = subparsers.add_parser("check", help="run one config against the fp32 reference (needs a GPU)",
+                              description=__doc__)
     p.add_argument("--config", default=None, metavar="KEY",
                    help="config key as printed by `autotune space` (default: the heuristic default)")
     add_shape_arguments(p, seqlen=1000, batch=2, heads=16)

@@ -66,7 +66,9 @@ def add_parser(subparsers) -> None:
     from autotune.search.sampling import SAMPLERS
     from autotune.search.loop import DEFAULT_EVAL_TIMEOUT, DEFAULT_TRIALS
 
-    p = subparsers.add_parser("search", help="search the fastest kernel config for one shape (needs a GPU)",
+    p = subparsers.add_parser("search",
+                              help="search the fastest kernel config for one shape (needs a GPU; --replay FILE "
+                                   "needs none)",
                               description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_shape_arguments(p, several_seqlens=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import space
 from space import Arch
 
-NO_GPU_MESSAGE = "no CUDA GPU visible; pass --arch sm_90 (or sm_100, sm_103)"
+NO_GPU_MESSAGE = f"no CUDA GPU visible; pass --arch, one of {', '.join(space.ARCHES)}"
 
 
 class NoGpuError(RuntimeError):

@@ -224,7 +224,10 @@ def open_session(options: SearchOptions, url: str, *, builder=None, evaluator=No
         prov = provenance(builder, search_space.families)
         name = options.study_name or studies.default_study_name(gpu_name, options.shape, options.families)
         if options.replay is not None and not options.study_name:
-            name = f"replay-{name}"  # never the name of the real study recorded on that GPU
+            # Named after the landscape's file, not the shape: never the name of the real study recorded on that
+            # GPU, nor that of another recording of the same shape replayed into the same storage.
+            ls, families = options.replay, options.families or options.replay.families
+            name = f"replay-{ls.name}" + ("" if set(families) == set(ls.families) else "-" + "+".join(families))
         seed = options.seed
         # SQLite: refuse a second search process on this study before touching it (coordination.StudyLock)
         lock = peers.lock_study(url, name) if worker is None else None

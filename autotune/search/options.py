@@ -57,8 +57,8 @@ class SearchOptions:
     replay_noise: int | None = None        # with replay: seed of the noise drawn from its sessions (replay_noise.py)
 
     def check(self) -> None:
-        if self.trials < 0:
-            raise ValueError(f"--trials: expected a count ≥ 0, got {self.trials}")
+        if self.trials < 1:  # 0 would run a search that can only end with nothing found
+            raise ValueError(f"--trials: expected a count ≥ 1, got {self.trials}")
         if self.timeout is not None and self.timeout <= 0:
             raise ValueError(f"--timeout: expected seconds > 0, got {self.timeout}")
         if self.jobs is not None and self.jobs < 1:

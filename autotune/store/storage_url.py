@@ -67,10 +67,10 @@ def check_syntax(url: str, origin: str = "--storage") -> str:
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
     if "://" not in url:  # a plain path ("studies/x.db") or a typo such as "sqlite:/x.db"
-        if url.startswith("sqlite:"):
-            hint = f"sqlite:///{Path(url[len('sqlite:'):].lstrip('/')).as_posix()}"
-        else:
-            hint = f"sqlite:///{Path(url).expanduser().absolute()}"
+        # The file it names, made absolute: sqlite:/// + an absolute path is four slashes (sqlite:///x.db would
+        # be x.db under the working directory).
+        path = url[len("sqlite:"):] if url.startswith("sqlite:") else url
+        hint = f"sqlite:///{Path(path).expanduser().absolute().as_posix()}"
         raise StorageError(f"{origin} {url!r}: not an SQLAlchemy URL; for an SQLite file write {hint} "
                            f"(URLs look like {EXAMPLES})")
     try:

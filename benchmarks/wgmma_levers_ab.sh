@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 11, kernel round 3 on one H200 (docs/benchmarks.md, the "Lever" sections of round 3):
+# The wgmma levers of kernel round 3, A/B on one H200 (docs/benchmarks.md, the "Lever" sections of round 3):
 #   split   K and V of a ring slot released separately (K as soon as S = Q·Kᵀ has read it)       commit 36a7d8e
 #   idle    a consumer warpgroup with no query row below seqlen_q only walks the ring               commit 4ed78e6
 #   pp      ping-pong turns in the plain (non-overlapped) loop, pingpong=1 with overlap=0               3cd99cc
@@ -14,11 +14,11 @@
 # 3. with HOST=1, eager against CUDA-graph timing of the short shapes (benchmarks/host_overhead.py).
 # Logs and tables under $OUT (default ./ab-out); the tables are printed at the end (and in $OUT/summary.txt).
 #
-#   benchmarks/issue11_ab.sh            # before trees: .ab/<rev>/kernels, else `git archive <rev> kernels`
+#   benchmarks/wgmma_levers_ab.sh            # before trees: .ab/<rev>/kernels, else `git archive <rev> kernels`
 # On a GPU host without the git history, bring the before trees along (they are git-ignored): in /work/wt-kernel,
 #   for r in 14c1437 3cd99cc; do mkdir -p .ab/$r && git archive $r kernels | tar -x -C .ab/$r; done
 # then run with carry [".ab"] and OUT=$OUT (the device's output folder).
-#   DRY=1 benchmarks/issue11_ab.sh      # no GPU: skip 1 and 3, build both sides of every A/B for sm_90
+#   DRY=1 benchmarks/wgmma_levers_ab.sh      # no GPU: skip 1 and 3, build both sides of every A/B for sm_90
 #
 # Budget: ~7 minutes (tests ≤ TEST_S, A/Bs ~4 min).
 set -u
@@ -41,13 +41,13 @@ tree() {
   local rev=$1 src=$PWD/.ab/$1/kernels dst=$OUT/tree-$1
   if [ ! -d "$src/common" ]; then
     mkdir -p ".ab/$rev" && git archive "$rev" kernels | tar -x -C ".ab/$rev" 2>/dev/null || {
-      echo "issue11_ab: no .ab/$rev/kernels and git archive $rev failed" >&2; return 1; }
+      echo "wgmma_levers_ab: no .ab/$rev/kernels and git archive $rev failed" >&2; return 1; }
   fi
   rm -rf "$dst" && cp -r "$src" "$dst"
   sed -i 's/static_assert(AT_EXPECT_SMEM_DYNAMIC == kSmemDynamic,/static_assert(AT_EXPECT_SMEM_DYNAMIC >= kSmemDynamic,/' \
     "$dst/sm90/traits.cuh"
   grep -q "AT_EXPECT_SMEM_DYNAMIC >= kSmemDynamic" "$dst/sm90/traits.cuh" || {
-    echo "issue11_ab: $dst/sm90/traits.cuh: the layout_smem_dynamic assert was not found" >&2; return 1; }
+    echo "wgmma_levers_ab: $dst/sm90/traits.cuh: the layout_smem_dynamic assert was not found" >&2; return 1; }
   echo "$dst"
 }
 MAIN=$(tree 14c1437) || exit 2
