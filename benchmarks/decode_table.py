@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:  # run from a checkout without installing
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import space  # noqa: E402
-from h200_sweep import parse_shape as parse_shape_key  # noqa: E402
+from peers_table import parse_shape, rel_error  # noqa: E402  (same shape keys, same check against SDPA)
 from space import Config, Shape  # noqa: E402
 
 SHAPES = (
@@ -55,17 +55,6 @@ SWEEP_TILES = ((1, 128, 3, 1, True), (1, 128, 2, 1, True), (1, 64, 4, 1, True), 
                (1, 192, 2, 1, True), (1, 128, 3, 1, False), (1, 96, 4, 1, False), (1, 80, 5, 1, False),
                (1, 80, 5, 1, True), (1, 64, 6, 1, False), (1, 64, 6, 1, True))
 SWEEP_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-
-
-def parse_shape(key: str) -> Shape:
-    try:
-        return parse_shape_key(key)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"--shape: {e}") from None
-
-
-def rel_error(got, want) -> float:
-    return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
 def copies_for(shape: Shape) -> int:

@@ -11,10 +11,6 @@ K/V slices of a longer preallocated cache, (B,N,H,D) strides, logsumexp. The out
 """
 from __future__ import annotations
 
-import dataclasses
-import os
-import zlib
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -28,14 +24,7 @@ ARCH = space.get_arch("sm_90")
 CHECK_TIMEOUT_S = 120
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    name: str
-    shape: Shape  # head_dim, dtype and causal are replaced by the problem's
-    layout: str
-    lse: bool
-    causal_align: str = "upper_left"
-
+from gpu_cases import Case, assert_matches_reference, build_plan, check_worker  # noqa: E402
 
 CASES = (
     Case("q1-k1-gqa8", Shape(batch=2, heads=16, kv_heads=2, seqlen_q=1, seqlen_k=1), "bhnd", lse=True),
@@ -113,20 +102,12 @@ def test_cases_cover_the_decode_corners():
 
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
-    from autotune.build.builder import Builder
-
-    cache = os.environ.get("AUTOTUNE_TEST_CACHE_DIR") or tmp_path_factory.mktemp("kernel-cache")
-    results = Builder(ARCH, cache_dir=cache, jobs=os.cpu_count()).build([(c, p) for p, c in PLAN])
-    return {(r.problem, r.config): r for r in results}
+    return build_plan(ARCH, PLAN, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def worker():
-    from autotune.measure.child_process import Worker
-
-    w = Worker(warmup=("torch.cuda:init", ()))
-    yield w
-    w.stop()
+    yield from check_worker()
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -134,17 +115,7 @@ def worker():
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_HOPPER, reason="needs a Hopper (sm_90) GPU")
 def test_decode_axes_match_reference(builds, worker, problem, config, case):
-    build = builds[(problem, config)]
-    assert build.ok, f"{config.key} for {problem.key} did not build: {build.error}"
-    assert not build.spilled, f"{config.key} for {problem.key} spills: {build.report}"
-    shape = dataclasses.replace(case.shape, head_dim=problem.head_dim, dtype=problem.dtype, causal=problem.causal)
-    seed = zlib.crc32(f"{problem.key}/{config.key}/{case.name}".encode())
-    result = worker.call("autotune.measure.check:check", build, shape, seed, case.layout, case.lse, None, None,
-                         case.causal_align, timeout=CHECK_TIMEOUT_S)
-    assert result.ok, f"autotune.measure.check:check {result.status}: {result.reason}"
-    check = result.value
-    assert check.ok, f"{config.key} on {shape.key} ({case.layout}, {case.causal_align}, seed {seed}): {check.message}"
-    assert check.unwritten == 0 and check.nan_count == 0 and check.out_of_bounds == 0
+    assert_matches_reference(worker, builds[(problem, config)], problem, config, case, CHECK_TIMEOUT_S)
 
 
 def test_bench_and_the_search_summary_show_time_and_kv_read_rate_for_decode():
