@@ -236,7 +236,7 @@ def test_attention_asks_benchmark_mode_only_when_it_is_on(monkeypatch):
     class Runner:
         config = DEFAULT
 
-        def prepare(self, q, k, v, o, lse, scale):
+        def prepare(self, q, k, v, o, lse, scale, causal_align="upper_left"):
             return Launch()
 
     plan = runtime.Plan(runtime.heuristic(SHAPE, GPU, ARCH), Runner(), None)
