@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Fault drill: kill searches, restart their database, start several at once on a fresh SQLite file, stop them with
-SIGTERM, run two on one SQLite study (by one path, then by two), then count what was lost. CPU only: every search replays a synthetic landscape of every valid config of the current space
-(tests/landscape_fixtures.py: made-up figures; a recorded landscape of studies/landscapes/ predates axes added
+SIGTERM, run two on one SQLite study (by one path, then by two), then count what was lost. CPU only: every search
+replays a synthetic landscape of every valid config of the current space's prefill slice (decode axes at their
+defaults; tests/landscape_fixtures.py: made-up figures; a recorded landscape of studies/landscapes/ predates axes added
 since, and a replay refuses configs it has no row for), each evaluation paced by
 $AUTOTUNE_REPLAY_SECONDS so that faults land mid-trial. PostgreSQL is a throwaway cluster on 127.0.0.1
 (tests/pg_server.py), deleted at the end.

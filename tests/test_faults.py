@@ -317,11 +317,12 @@ def _harness(when: str, victim: str, log, url: str, landscape, trials: int = 3) 
     """One replayed search that SIGKILLs itself at `when` of `victim`'s trial (tests/kill_harness.py). Two
     complete configs are queued (after a fresh study's heuristic default), so that the budget is met without
     many random asks (most of them invalid: slow on a loaded machine, and nothing to do with deaths)."""
-    from landscape_fixtures import SMALL_SHAPE, fake_tflops
+    from landscape_fixtures import SMALL_SHAPE, fake_tflops, prefill_slice
 
     import space
 
-    fillers = sorted(space.valid_configs(SMALL_SHAPE.problem, space.get_arch("sm_90"), ("wgmma",)), key=fake_tflops)
+    fillers = sorted(prefill_slice(space.valid_configs(SMALL_SHAPE.problem, space.get_arch("sm_90"), ("wgmma",))),
+                     key=fake_tflops)
     enqueue = [x for c in fillers[-2:] for x in ("--enqueue", c.key)]  # the best two: complete in small_landscape
     args = [sys.executable, str(TESTS / "kill_harness.py"), when, victim, str(log), "--", "--replay", str(landscape),
             "--storage", url, "--study", "k", "--trials", str(trials), "--sampler", "random", "--seed", "0",
