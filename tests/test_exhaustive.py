@@ -13,21 +13,21 @@ from autotune.search.loop import SearchOptions, plan_sweep, run_search
 from autotune.search.sampling import NoSampler, SearchSpace
 from landscape_fixtures import ARCH, SMALL_SHAPE, small_landscape
 
-PROBLEM = SMALL_SHAPE.problem  # head_dim 256: 120 valid wgmma configs on sm_90
+PROBLEM = SMALL_SHAPE.problem  # head_dim 256: 560 valid wgmma configs on sm_90 (the decode axes included)
 WGMMA = ("wgmma",)
 N_VALID = len(space.valid_configs(PROBLEM, ARCH, WGMMA))
 
 
 def test_the_decision_sweeps_only_what_fits_in_the_budget():
-    assert N_VALID == 120  # the figure the docs quote: change both together
-    fits = exhaustive.decide(PROBLEM, ARCH, WGMMA, 150)
+    assert N_VALID == 560  # the figure the docs quote: change both together
+    fits = exhaustive.decide(PROBLEM, ARCH, WGMMA, 600)
     assert fits.sweep and len(fits.configs) == N_VALID
-    assert fits.message == "sweeping all 120 valid configs of wgmma: no more than the budget of 150 trials"
+    assert fits.message == "sweeping all 560 valid configs of wgmma: no more than the budget of 600 trials"
     exact = exhaustive.decide(PROBLEM, ARCH, WGMMA, N_VALID)
     assert exact.sweep
     over = exhaustive.decide(PROBLEM, ARCH, WGMMA, N_VALID - 1)
     assert not over.sweep and over.configs == ()
-    assert over.message == "sampling: wgmma has more valid configs than the budget of 119 trials"
+    assert over.message == "sampling: wgmma has more valid configs than the budget of 559 trials"
 
 
 def test_counting_stops_once_past_the_budget(monkeypatch):
@@ -61,11 +61,11 @@ def test_plan_sweep_sets_the_budget_to_the_valid_configs_and_idles_the_sampler()
     session = SimpleNamespace(arch=ARCH, search_space=SearchSpace(PROBLEM, ARCH, WGMMA), sweep=(),
                               study=SimpleNamespace(sampler=NoSampler()))
     said: list[str] = []
-    options = plan_sweep(session, SearchOptions(shape=SMALL_SHAPE, trials=150, sampler="tpe"), said.append)
+    options = plan_sweep(session, SearchOptions(shape=SMALL_SHAPE, trials=600, sampler="tpe"), said.append)
     assert (options.trials, options.sampler) == (N_VALID, "random")  # nothing else to try; every value is queued
     assert isinstance(session.study.sampler, NoSampler)  # the stored study's tells stay one transaction each
     assert len(session.sweep) == N_VALID and session.sweep[0] == space.default_config(PROBLEM, ARCH, "wgmma")
-    assert said == ["sweeping all 120 valid configs of wgmma: no more than the budget of 150 trials"]
+    assert said == ["sweeping all 560 valid configs of wgmma: no more than the budget of 600 trials"]
     session.sweep = ()
     unchanged = SearchOptions(shape=SMALL_SHAPE, trials=150, sweep=False)
     assert plan_sweep(session, unchanged, said.append) is unchanged and session.sweep == ()
@@ -74,6 +74,7 @@ def test_plan_sweep_sets_the_budget_to_the_valid_configs_and_idles_the_sampler()
 def test_a_small_space_is_swept_whole_with_one_ask_per_config(tmp_path, monkeypatch):
     path = tmp_path / "small.json"
     landscape = small_landscape(path)
+    n = len(landscape.rows)  # a replay searches the configs its landscape holds: the prefill slice, 120
     lines: list[str] = []
     one_transaction: dict = {}  # per study, per tell: written in one transaction (storage_writes.finish_trial)?
     finish = verdicts.finish_trial
@@ -88,12 +89,12 @@ def test_a_small_space_is_swept_whole_with_one_ask_per_config(tmp_path, monkeypa
                         log=lines.append)
     # a sweep's tells are one transaction each, like the sampler's (the stored study keeps its NoSampler)
     stored = one_transaction[result.study_name]
-    assert len(stored) >= N_VALID and all(stored)
-    assert "sweeping all 120 valid configs of wgmma: no more than the budget of 150 trials" in lines
+    assert len(stored) >= n and all(stored)
+    assert n == 120 and "sweeping all 120 valid configs of wgmma: no more than the budget of 150 trials" in lines
     assert any(line.startswith("sweep: queued ") for line in lines)
-    assert result.target == N_VALID and result.evaluated == N_VALID
-    assert result.stop_reason == f"reached {N_VALID} evaluated trials"
-    assert result.asks == N_VALID  # no invalid and no repeated asks
+    assert result.target == n and result.evaluated == n
+    assert result.stop_reason == f"reached {n} evaluated trials"
+    assert result.asks == n  # no invalid and no repeated asks
     assert "invalid" not in result.this_run and "repeated" not in result.this_run
     assert result.best.config.key == landscape.best.config_key
 
@@ -108,3 +109,13 @@ def test_no_sweep_when_the_budget_is_smaller_or_when_asked_not_to(tmp_path):
         assert not any(line.startswith("sweep") for line in lines)
         assert result.target == options["trials"]
         assert result.evaluated < N_VALID
+
+
+def test_the_decision_counts_only_the_search_spaces_axis_values():
+    # a replay's search space holds only the values its landscape recorded (here the prefill slice): the sweep
+    # decision counts those configs, not the whole space's (560 at d256, more than the budget of 150)
+    domains = {"wgmma": {"kv_splits": (1,), "pack_gqa": (False,), "stages": (2, 3, 4)}}
+    sliced = exhaustive.decide(PROBLEM, ARCH, WGMMA, 150, domains)
+    assert sliced.sweep and len(sliced.configs) == 120
+    assert all(c.kv_splits == 1 and not c.pack_gqa and c.stages <= 4 for c in sliced.configs)
+    assert not exhaustive.decide(PROBLEM, ARCH, WGMMA, 150).sweep

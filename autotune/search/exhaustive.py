@@ -3,8 +3,8 @@
 A sampler earns its keep on a large space; on a small one it spends its budget rediscovering configs it already
 tried (repeats and invalid asks), and may still miss the optimum. So before the trial loop the search counts the
 valid configs of the searched families (space/ rules, no compiling) and, when there are no more of them than
-`--trials`, sweeps them all (wgmma at head_dim 256: 120 valid configs; d128 1110 and d64 1914 are sampled at
-the default budget):
+`--trials`, sweeps them all (wgmma at head_dim 256: 560 valid configs with --trials 560 or more; d128 5858 and
+d64 13370 are sampled at the default budget; a replay counts the configs of its landscape's axis values):
 
 * the trial budget becomes the number of valid configs (there is nothing else to try);
 * the first configs are queued as for any search (warm-start neighbours, each family's default, --enqueue),
@@ -19,8 +19,9 @@ space costs a fraction of a second to rule out.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import space
 from space import Arch, Config, Problem
@@ -36,11 +37,19 @@ class SweepDecision:
     message: str
 
 
-def valid_up_to(problem: Problem, arch: Arch, families: Sequence[str], limit: int) -> list[Config] | None:
-    """Every valid config of `families` for the problem and arch, or None as soon as there are more than `limit`."""
+def valid_up_to(problem: Problem, arch: Arch, families: Sequence[str], limit: int,
+                domains: Mapping[str, Mapping[str, tuple]] | None = None) -> list[Config] | None:
+    """Every valid config of `families` for the problem and arch, or None as soon as there are more than `limit`.
+    `domains` ({family: {axis: values}}, the search space's): count only configs whose values lie in them, as a
+    replay searches only the axis values its landscape recorded."""
     found: list[Config] = []
     for family in families:
-        for config in space.enumerate_configs(family):
+        fam = space.get_family(family)
+        allowed = (domains or {}).get(family)
+        values = [tuple(allowed[a.name]) if allowed and a.name in allowed else a.values for a in fam.axes]
+        names = tuple(a.name for a in fam.axes)
+        for combo in itertools.product(*values):
+            config = Config(family, tuple(zip(names, combo)))
             if space.is_valid(config, problem, arch):
                 found.append(config)
                 if len(found) > limit:
@@ -48,10 +57,12 @@ def valid_up_to(problem: Problem, arch: Arch, families: Sequence[str], limit: in
     return found
 
 
-def decide(problem: Problem, arch: Arch, families: Sequence[str], budget: int) -> SweepDecision:
-    """Sweep when the valid configs of `families` are no more than `budget` (the trial budget)."""
+def decide(problem: Problem, arch: Arch, families: Sequence[str], budget: int,
+           domains: Mapping[str, Mapping[str, tuple]] | None = None) -> SweepDecision:
+    """Sweep when the valid configs of `families` (within `domains`, see valid_up_to) are no more than `budget`
+    (the trial budget)."""
     names = "+".join(families)
-    configs = valid_up_to(problem, arch, families, budget)
+    configs = valid_up_to(problem, arch, families, budget, domains)
     if configs is None:
         return SweepDecision(False, (), budget, f"sampling: {names} has more valid configs than the budget of "
                                                 f"{budget} trials")

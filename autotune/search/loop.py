@@ -257,7 +257,8 @@ def plan_sweep(session: Session, options: SearchOptions, log) -> SearchOptions:
     queues them."""
     if not options.sweep:
         return options
-    decision = exhaustive.decide(options.shape.problem, session.arch, session.search_space.families, options.trials)
+    decision = exhaustive.decide(options.shape.problem, session.arch, session.search_space.families, options.trials,
+                                 session.search_space.domains)
     log(decision.message)
     if not decision.sweep:
         return options
