@@ -122,7 +122,9 @@ def test_mma_sync_hot_loop_is_the_tile_loop_with_its_masking_block(build_cache_d
     problem = space.Problem(128, "fp16", False)
     # FlashAttention-2's d128 tile (128×64, 4 warps × 1), the one docs/benchmarks.md reads (the default has Bc 32)
     config = space.default_config(problem, ARCH, "mma_sync").replace(br=128, bc=64, warps_m=4)
-    (kernel,) = sass.disassemble(_build(config, problem, build_cache_dir).cubin_path, tool)
+    kernels = sass.disassemble(_build(config, problem, build_cache_dir).cubin_path, tool)
+    # the cubin also holds split-KV's flash_fwd_combine (no loop): the attention kernel is the one with HGMMA
+    (kernel,) = [k for k in kernels if k.name == space.get_family("wgmma").entry]
     loop = kernel.hot_loop
     # per warp and tile: S = Q Kᵀ is 2 m-tiles × 8 n-tiles × 8 k-steps, O += P V is 2 × 16 × 4 → 256 mma.sync
     assert loop.opcodes["HMMA"] == 256 == sum(1 for i in kernel.instructions if i.base == "HMMA")
@@ -138,7 +140,9 @@ def test_wgmma_hot_loop_is_not_the_whole_kernel(build_cache_dir):
     tool = _nvdisasm()
     problem = space.Problem(128, "fp16", False)
     config = space.default_config(problem, ARCH, "wgmma")
-    (kernel,) = sass.disassemble(_build(config, problem, build_cache_dir).cubin_path, tool)
+    kernels = sass.disassemble(_build(config, problem, build_cache_dir).cubin_path, tool)
+    # the cubin also holds split-KV's flash_fwd_combine (no loop): the attention kernel is the one with HGMMA
+    (kernel,) = [k for k in kernels if k.name == space.get_family("wgmma").entry]
     loop = kernel.hot_loop
     assert loop.opcodes["HGMMA"] > 0
     # mbarrier waits branch to retry stubs placed after the function body and jump back: those ranges are not
