@@ -28,6 +28,9 @@ SHIPPED = Path(__file__).resolve().parent.parent / "studies" / "tuned" / "h200.j
 SHAPE = space.Shape(batch=4, heads=16, seqlen_q=4096, head_dim=128)
 CONFIG = space.default_config(SHAPE.problem, space.get_arch("sm_90"))
 N_SHIPPED = len(json.loads(SHIPPED.read_text())["rows"])
+# every shipped table (h200.json and h200-decode.json), in the order best lists them
+SHIPPED_FILES = sorted(SHIPPED.parent.glob("*.json"))
+N_ALL_SHIPPED = sum(len(json.loads(f.read_text())["rows"]) for f in SHIPPED_FILES)
 
 
 @pytest.fixture(autouse=True)
@@ -247,7 +250,8 @@ def test_best_shows_the_shipped_rows_the_runtime_uses(tmp_path, capsys):
     assert main(["best", "--storage", url]) == 0
     out = capsys.readouterr().out
     shipped = json.loads(SHIPPED.read_text())["rows"]
-    assert f"({len(shipped)} row(s) from the tables shipped in {SHIPPED.parent}: h200.json)" in out
+    names = ", ".join(f.name for f in SHIPPED_FILES)
+    assert f"({N_ALL_SHIPPED} row(s) from the tables shipped in {SHIPPED.parent}: {names})" in out
     assert "(1 row(s) from storage" in out
     assert out.count(" h200.json ") == len(shipped)  # every shipped row, marked with its file
     assert all(r["config_key"] in out for r in shipped)
@@ -275,5 +279,5 @@ def test_best_gpu_is_one_rule_with_a_warning_when_nothing_matches(tmp_path, caps
     out = capsys.readouterr()
     assert "--gpu 'h20O' matches no GPU with tuned rows" in out.err and "no stored or shipped rows match" in out.out
     assert main(["best", "--gpu", "H200", *storage]) == 0
-    assert f"({N_SHIPPED} row(s) from the tables shipped" in capsys.readouterr().out
+    assert f"({N_ALL_SHIPPED} row(s) from the tables shipped" in capsys.readouterr().out
     assert empty.stat().st_size == 0  # nothing was written into the storage

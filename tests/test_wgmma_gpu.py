@@ -77,6 +77,11 @@ LADDER = tuple(Config.make("wgmma", **d) for d in (
          kv_splits=2),
     dict(consumer_wgs=3, bc=64, stages=3, setmaxnreg=True, overlap=False, pingpong=False, o_store="smem", min_blocks=1,
          pack_gqa=True),
+    # the deep rings decode's shipped rows use: 6 stages of 64 keys without overlap, 5 of 80 with overlap and splits
+    dict(consumer_wgs=1, bc=64, stages=6, setmaxnreg=False, overlap=False, pingpong=False, o_store="direct",
+         min_blocks=1, kv_splits=16, pack_gqa=True),
+    dict(consumer_wgs=1, bc=80, stages=5, setmaxnreg=False, overlap=True, pingpong=False, o_store="direct",
+         min_blocks=1, kv_splits=2),
 ))
 PROBLEMS = tuple(Problem(d, dtype, causal) for d in (64, 128) for dtype in space.DTYPES for causal in (False, True))
 
