@@ -58,9 +58,11 @@ def test_replay_with_noise_ties_when_the_recorded_sessions_overlap():
     assert top[1].tflops < top[0].tflops  # recorded once, the runner-up is behind: a noiseless replay separates
     plain = retimed_top(ls, top, ReplayEvaluator(ls))
     assert plain.separated and plain.rounds == 3  # every round the one recorded figure: σ 0, never a tie
-    verdicts = [retimed_top(ls, top, ReplayEvaluator(ls, ReplayNoise(ls, seed))) for seed in range(10)]
+    # The draws are seeded by config key, so which seeds tie moves when the keys do (a new axis): over 40 seeds
+    # 32 tied with today's keys; a noiseless replay ties none, and sessions apart (the next test) tie none either.
+    verdicts = [retimed_top(ls, top, ReplayEvaluator(ls, ReplayNoise(ls, seed))) for seed in range(40)]
     ties = [v for v in verdicts if v.tie]
-    assert len(ties) >= 9, [v.describe() for v in verdicts if not v.tie]
+    assert len(ties) >= 28, [v.describe() for v in verdicts if not v.tie]
     assert all(v.rounds == 8 for v in ties)  # the round budget spent trying to separate them
     assert all(len(set(r.figures)) > 1 for v in ties for r in v.tied)
 
