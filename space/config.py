@@ -266,13 +266,15 @@ def is_valid(config: Config, problem: Problem, arch: Arch) -> bool:
     return not violations(config, problem, arch)
 
 
-def enumerate_configs(family: str) -> Iterator[Config]:
-    """Every point of the family's axes, valid or not (the cross product)."""
+def enumerate_configs(family: str, domains: Mapping[str, tuple] | None = None) -> Iterator[Config]:
+    """Every point of the family's axes, valid or not (the cross product); `domains` ({axis: values}) narrows
+    the axes it names to those values."""
     import itertools
 
     fam = get_family(family)
     names = [a.name for a in fam.axes]
-    for combo in itertools.product(*(a.values for a in fam.axes)):
+    values = [tuple(domains[a.name]) if domains and a.name in domains else a.values for a in fam.axes]
+    for combo in itertools.product(*values):
         yield Config(family, tuple(zip(names, combo)))
 
 

@@ -19,7 +19,6 @@ space costs a fraction of a second to rule out.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -44,12 +43,7 @@ def valid_up_to(problem: Problem, arch: Arch, families: Sequence[str], limit: in
     replay searches only the axis values its landscape recorded."""
     found: list[Config] = []
     for family in families:
-        fam = space.get_family(family)
-        allowed = (domains or {}).get(family)
-        values = [tuple(allowed[a.name]) if allowed and a.name in allowed else a.values for a in fam.axes]
-        names = tuple(a.name for a in fam.axes)
-        for combo in itertools.product(*values):
-            config = Config(family, tuple(zip(names, combo)))
+        for config in space.enumerate_configs(family, (domains or {}).get(family)):
             if space.is_valid(config, problem, arch):
                 found.append(config)
                 if len(found) > limit:
