@@ -55,9 +55,6 @@ SWEEP_TILES = ((1, 128, 3, 1, True), (1, 128, 2, 1, True), (1, 64, 4, 1, True), 
                (1, 192, 2, 1, True), (1, 128, 3, 1, False), (1, 96, 4, 1, False), (1, 80, 5, 1, False),
                (1, 80, 5, 1, True), (1, 64, 6, 1, False), (1, 64, 6, 1, True))
 SWEEP_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-# The stream scheduler's: kv_splits caps the parts of one tile (a tile of n key tiles needs shares of at least
-# (n - 1) / (kv_splits - 1) key tiles), so few splits suit many tiles (large batch) and many suit few (B1).
-SWEEP_STREAM_SPLITS = (2, 4, 8, 16, 32)
 
 
 def copies_for(shape: Shape) -> int:
@@ -70,22 +67,19 @@ def inputs(shape: Shape, n: int, seed: int = 1):
     return [make_inputs(shape, "bhnd", seed=seed + i) for i in range(n)]
 
 
-def sweep_configs(shape: Shape, schedulers=("grid", "stream")) -> list[Config]:
+def sweep_configs(shape: Shape) -> list[Config]:
     n_tiles = lambda bc: -(-shape.seqlen_k // bc)  # noqa: E731
-    out = []
-    if "grid" in schedulers:
-        out.append(space.default_config_for_shape(shape, space.get_arch("sm_90")))
-        out.append(out[0].replace(pack_gqa=False))
+    out = [space.default_config_for_shape(shape, space.get_arch("sm_90"))]
+    out.append(out[0].replace(pack_gqa=False))
     for wgs, bc, stages, mb, ov in SWEEP_TILES:
-        for sched in schedulers:
-            for s in SWEEP_SPLITS if sched == "grid" else SWEEP_STREAM_SPLITS:
-                if sched == "grid" and s > 1 and n_tiles(bc) // s < 2:
-                    continue
-                c = Config.make("wgmma", consumer_wgs=wgs, bc=bc, stages=stages, setmaxnreg=wgs > 1, overlap=ov,
-                                pingpong=wgs == 2, o_store="direct", min_blocks=mb, scheduler=sched, kv_splits=s,
-                                pack_gqa=sched == "stream" or shape.heads > shape.kv_heads)
-                if space.is_valid(c, shape.problem, space.get_arch("sm_90")):
-                    out.append(c)
+        for s in SWEEP_SPLITS:
+            if s > 1 and n_tiles(bc) // s < 2:
+                continue
+            c = Config.make("wgmma", consumer_wgs=wgs, bc=bc, stages=stages, setmaxnreg=wgs > 1, overlap=ov,
+                            pingpong=wgs == 2, o_store="direct", min_blocks=mb, kv_splits=s,
+                            pack_gqa=shape.heads > shape.kv_heads)
+            if space.is_valid(c, shape.problem, space.get_arch("sm_90")):
+                out.append(c)
     return list(dict.fromkeys(out))
 
 
@@ -95,7 +89,7 @@ def graph_us(fns) -> float:
     return bench_graph(fns).median_ms * 1e3
 
 
-def measure(shape: Shape, sweep: bool, builder, eager: bool, schedulers=("grid", "stream")) -> dict:
+def measure(shape: Shape, sweep: bool, builder, eager: bool) -> dict:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -142,7 +136,7 @@ def measure(shape: Shape, sweep: bool, builder, eager: bool, schedulers=("grid",
             row["notes"]["fa4"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
         if sweep:
-            configs = sweep_configs(shape, schedulers)
+            configs = sweep_configs(shape)
             results = builder.build([(c, shape.problem) for c in configs])
             row["sweep"] = []
             for c, r in zip(configs, results):
@@ -164,10 +158,6 @@ def measure(shape: Shape, sweep: bool, builder, eager: bool, schedulers=("grid",
             timedc = [e for e in row["sweep"] if "us" in e]
             if timedc:
                 row["sweep_best"] = min(timedc, key=lambda e: e["us"])
-                for sched in schedulers:  # the A/B of the schedulers: each one's best
-                    mine = [e for e in timedc if f"scheduler={sched}," in e["config"]]
-                    if mine:
-                        row.setdefault("sweep_best_by_scheduler", {})[sched] = min(mine, key=lambda e: e["us"])
     peers = [row["us"][p] for p in PEERS if p in row["us"]]
     row["best_peer_us"] = min(peers) if peers else None
     return row
@@ -219,8 +209,6 @@ def markdown(rows: list[dict], copy_tbs: float | None) -> str:
         if "sweep_best" in r:
             b = r["sweep_best"]
             lines.append(f"  - sweep best ({len(r['sweep'])} configs): {b['us']:.1f} µs {b['config']}")
-            for sched, e in r.get("sweep_best_by_scheduler", {}).items():
-                lines.append(f"    - best {sched}: {e['us']:.1f} µs {e['config']}")
     return "\n".join(lines)
 
 
@@ -252,8 +240,6 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", action="append", type=parse_shape, default=None, help="shape key (repeatable)")
     ap.add_argument("--sweep", action="store_true", help="also time a set of decode configs per shape")
-    ap.add_argument("--sweep-schedulers", default="grid,stream",
-                    help="the schedulers --sweep times, comma-separated (grid, stream)")
     ap.add_argument("--copy", action="store_true", help="measure the device copy rate for the %% column")
     ap.add_argument("--eager", action="store_true", help="also the eager L2-flushed median for ours and cuDNN")
     ap.add_argument("--out", type=Path, default=Path("decode-out"))
@@ -273,7 +259,7 @@ def main(argv=None) -> int:
     rows = []
     for shape in shapes:
         t0 = time.monotonic()
-        rows.append(measure(shape, args.sweep, builder, args.eager, tuple(args.sweep_schedulers.split(","))))
+        rows.append(measure(shape, args.sweep, builder, args.eager))
         print(f"{shape.key}: {({k: round(v, 1) for k, v in rows[-1]['us'].items()})} µs "
               f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
         meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),

@@ -54,9 +54,7 @@ class Layout:
     smem_static: int
     smem_dynamic: int
     rows_per_block: int  # query rows covered by one tile (and by one CTA unless the scheduler is persistent)
-    # how tiles map to CTAs: "grid", "lpt" (1-D, one tile each), "persistent" or "stream" (equal shares of all key
-    # tiles, one per resident CTA)
-    scheduler: str = "grid"
+    scheduler: str = "grid"  # how tiles map to CTAs: "grid", "lpt" (1-D, one tile each) or "persistent"
     kv_splits: int = 1       # CTAs per tile along the keys (grid.z = batch × kv_splits), merged by a combine kernel
     # Packed GQA: a tile's rows are (query row, head of the K/V head's group) pairs in tiles of PACK_TILE_ROWS rows,
     # each holding PACK_TILE_ROWS // G query rows of G = heads / kv_heads heads; grid.y runs over K/V heads.
@@ -69,7 +67,7 @@ class Layout:
     @property
     def needs_residency(self) -> bool:
         """The grid depends on the device: SMs × resident CTAs per SM (grid() wants both)."""
-        return self.scheduler in ("persistent", "stream")
+        return self.scheduler == "persistent"
 
     def query_rows(self, heads: int, kv_heads: int | None = None) -> int:
         """Query rows (per head) one tile covers: rows_per_block, or packed, PACK_TILE_ROWS // G per tile."""
@@ -86,8 +84,7 @@ class Layout:
         """The launch grid, the one formula every launch uses (autotune.loader.KernelRunner.grid):
         grid: (ceil(seqlen_q / rows), heads, batch × kv_splits), packed GQA: (ceil(seqlen_q / query_rows),
         kv_heads, batch × kv_splits); lpt: (tiles, 1, 1); persistent: (min(tiles, resident_ctas), 1, 1) with
-        resident_ctas = SMs × CTAs of this kernel resident per SM; stream: (resident_ctas, 1, 1), the kernel
-        lowering the count it uses to what the key tiles and kv_splits allow (flash_fwd.cu: stream_order)."""
+        resident_ctas = SMs × CTAs of this kernel resident per SM."""
         if self.scheduler == "grid":
             m_blocks = -(-seqlen_q // self.query_rows(heads, kv_heads))
             return m_blocks, (kv_heads or heads) if self.pack_gqa else heads, batch * self.kv_splits
@@ -95,12 +92,12 @@ class Layout:
         tiles = m_blocks * heads * batch
         if self.scheduler == "lpt":
             return tiles, 1, 1
-        if self.scheduler in ("persistent", "stream"):
+        if self.scheduler == "persistent":
             if not resident_ctas or resident_ctas < 1:
-                raise ValueError(f"resident_ctas: a {self.scheduler} grid needs SMs × resident CTAs (>= 1), "
+                raise ValueError(f"resident_ctas: a persistent grid needs SMs × resident CTAs (>= 1), "
                                  f"got {resident_ctas!r}")
-            return (min(tiles, resident_ctas) if self.scheduler == "persistent" else resident_ctas), 1, 1
-        raise ValueError(f"scheduler: expected grid, lpt, persistent or stream, got {self.scheduler!r}")
+            return min(tiles, resident_ctas), 1, 1
+        raise ValueError(f"scheduler: expected grid, lpt or persistent, got {self.scheduler!r}")
 
 
 PACK_TILE_ROWS = 64  # packed GQA tiles are one warpgroup's 64 wgmma rows (space/wgmma.py ROWS_PER_WG)

@@ -27,7 +27,7 @@ REG_OVERHEAD = {False: 8, True: 32}
 # The persistent overlapped loop at d256 causal spills with o_rescale=after too (4-64 B at Bc 64/80), so it gets the
 # same margin; d128 causal does not (Bc 192 compiles without spill at 32).
 REG_OVERHEAD_PERSISTENT_TIGHT = 72
-SCHEDULERS = ("grid", "lpt", "persistent", "stream")  # AT_SCHEDULER = index; "grid" is the kernel before the axis
+SCHEDULERS = ("grid", "lpt", "persistent")  # AT_SCHEDULER = index; "grid" is the kernel as it was before the axis
 # sm_90's per-block opt-in shared memory and per-SM capacity (traits.cuh's static_asserts use the same figures)
 SMEM_OPTIN_SM90 = 232448
 SMEM_PER_SM_SM90 = 233472
@@ -54,9 +54,7 @@ AXES = (
     Axis("scheduler", SCHEDULERS, "AT_SCHEDULER",
          "which tiles a CTA runs: grid (one CTA per (query block, head, batch), causal blocks reversed), lpt (one "
          "CTA per tile, tiles in L2-sized head sections, longest first when causal) or persistent (SMs × resident "
-         "CTAs, each striding through the lpt order; the next tile's loads overlap the current tile's epilogue) or "
-         "stream (split-KV with packed GQA: the key tiles of all tiles cut into equal shares, one per resident CTA, "
-         "each tile's parts merged by the combine kernel: no part-empty wave in decode)",
+         "CTAs, each striding through the lpt order; the next tile's loads overlap the current tile's epilogue)",
          SCHEDULERS.index, default="grid"),
     Axis("o_rescale", ("after", "before"), "AT_O_RESCALE_BEFORE",
          "overlapped loop: O shrinks by the max correction after P(n-1)·V(n-1) completes, or before it is issued, "
@@ -239,19 +237,10 @@ def kv_splits_range(c, p, a, lay):
         return f"kv_splits={c.kv_splits} is not in [1, 32]"
 
 
-@rule("split_pack_need_grid",
-      "kv_splits > 1 and pack_gqa index tiles by the grid (blockIdx.y, blockIdx.z) or the stream scheduler")
+@rule("split_pack_need_grid", "kv_splits > 1 and pack_gqa index tiles by the grid (blockIdx.y, blockIdx.z)")
 def split_pack_need_grid(c, p, a, lay):
-    if (c.kv_splits > 1 or c.pack_gqa) and c.scheduler not in ("grid", "stream"):
-        return (f"kv_splits={c.kv_splits}, pack_gqa={int(c.pack_gqa)} need scheduler=grid or stream, "
-                f"got {c.scheduler}")
-
-
-@rule("stream_needs_split_pack", "the stream scheduler merges its segments through the split partials and loads Q "
-      "in the consumers (kv_splits > 1, pack_gqa)")
-def stream_needs_split_pack(c, p, a, lay):
-    if c.scheduler == "stream" and (c.kv_splits < 2 or not c.pack_gqa):
-        return f"scheduler=stream needs kv_splits > 1 and pack_gqa, got kv_splits={c.kv_splits}, pack_gqa={int(c.pack_gqa)}"
+    if (c.kv_splits > 1 or c.pack_gqa) and c.scheduler != "grid":
+        return f"kv_splits={c.kv_splits}, pack_gqa={int(c.pack_gqa)} need scheduler=grid, got {c.scheduler}"
 
 
 @rule("kv_splits_store_direct", "split partials are fp32, written from the accumulators (o_store=direct)")
@@ -261,8 +250,7 @@ def kv_splits_store_direct(c, p, a, lay):
 
 
 RULES = (head_dim_chunks, bc_multiple_of_16, pingpong_needs_two_consumers, pingpong_needs_overlap,
-         rescale_before_needs_overlap, kv_splits_range, split_pack_need_grid, stream_needs_split_pack,
-         kv_splits_store_direct,
+         rescale_before_needs_overlap, kv_splits_range, split_pack_need_grid, kv_splits_store_direct,
          setmaxnreg_needs_two_consumers, setmaxnreg_one_block, threads_per_block, threads_per_sm, static_smem_limit,
          smem_optin_limit, min_blocks_smem, accumulators_fit_registers)
 
@@ -327,8 +315,7 @@ def decode_default(shape: Shape, arch: Arch) -> Config | None:
 # The decode axes come last, and only these rules read them (the layout, and so every resource rule, does not):
 # valid_wgmma_configs checks the other rules once per combination of the other axes, then expands.
 DECODE_AXES = ("kv_splits", "pack_gqa")
-DECODE_RULES = (kv_splits_range, split_pack_need_grid, stream_needs_split_pack, kv_splits_store_direct)
-BASE_RULES = tuple(r for r in RULES if r not in DECODE_RULES)
+DECODE_RULES = (kv_splits_range, split_pack_need_grid, kv_splits_store_direct)
 assert tuple(a.name for a in AXES[-len(DECODE_AXES):]) == DECODE_AXES
 
 
@@ -339,13 +326,11 @@ def valid_wgmma_configs(p: Problem, a: Arch) -> list[Config]:
     names = tuple(ax.name for ax in base_axes)
     expansions = tuple(itertools.product(*(ax.values for ax in AXES[-len(DECODE_AXES):])))
     out = []
-    if "wgmma" not in a.families:  # violations' family_arch: nothing of this family is valid there
-        return out
     for combo in itertools.product(*(ax.values for ax in base_axes)):
         base = Config("wgmma", tuple(zip(names, combo)) + tuple(zip(DECODE_AXES, expansions[0])))
-        lay = layout(base, p)
-        if any(rule.check(base, p, a, lay) for rule in BASE_RULES):
+        if violations(base, p, a):
             continue
+        lay = layout(base, p)
         for values in expansions:
             c = base if values == expansions[0] else Config("wgmma", base.values[:len(names)] + tuple(zip(DECODE_AXES, values)))
             if not any(rule.check(c, p, a, lay) for rule in DECODE_RULES):

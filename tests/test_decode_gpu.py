@@ -3,8 +3,7 @@ alignments, on a Hopper GPU, through the project's build → load → check path
 child process, so a fault or hang fails one test, not the matrix).
 
 Configs: every kv_splits value, with and without packed heads, one consumer warpgroup streaming K/V (the decode
-default's shape; d256 with 64-key tiles to fit shared memory), the stream scheduler at 2 to 32 parts per tile, plus
-each problem's decode default.
+default's shape; d256 with 64-key tiles to fit shared memory), plus each problem's decode default.
 Cases: seqlen_q 1-16 against seqlen_k 1 to 128k (odd lengths, one tile, more splits than tiles), GQA ratios 1, 2, 4
 and 8, causal masks aligned top-left and bottom-right (including more queries than keys: rows that see no key),
 K/V slices of a longer preallocated cache, (B,N,H,D) strides, logsumexp. The output is poisoned before each run
@@ -51,9 +50,6 @@ PROBLEMS = tuple(Problem(d, dt, c) for d in space.HEAD_DIMS for dt in space.DTYP
 SPLITS_PACK = ((1, True), (2, False), (3, True), (4, True), (6, False), (8, True), (12, True), (16, False),
                (24, True), (32, True))
 
-# (kv_splits, overlap) of the stream configs: 2 parts (a tile in at most two CTAs) to 32
-STREAM_SPLITS = ((2, True), (3, False), (8, True), (32, True))
-
 
 def decode_config(problem: Problem, splits: int, pack: bool) -> Config:
     bc, stages = (64, 2) if problem.head_dim == 256 else (128, 3)
@@ -73,12 +69,6 @@ def plan_for(problem: Problem) -> list[Config]:
                                kv_splits=4, pack_gqa=True))
     configs.append(Config.make("wgmma", consumer_wgs=1, bc=64, stages=2, setmaxnreg=False, overlap=False,
                                pingpong=False, o_store="smem", min_blocks=1, pack_gqa=True))
-    # the stream scheduler: equal shares of every tile's key tiles per CTA, parts capped by kv_splits
-    bc, stages = (64, 2) if problem.head_dim == 256 else (128, 3)
-    configs += [Config.make("wgmma", consumer_wgs=1, bc=bc, stages=stages, setmaxnreg=False, overlap=ov,
-                            pingpong=False, o_store="direct", min_blocks=1, scheduler="stream", kv_splits=s,
-                            pack_gqa=True)
-                for s, ov in STREAM_SPLITS]
     valid = [c for c in dict.fromkeys(configs) if space.is_valid(c, problem, ARCH)]
     return valid
 
@@ -97,7 +87,6 @@ def test_plan_covers_every_split_count_and_both_packings_at_every_head_dim():
         here = [c for p, c in PLAN if p.head_dim == d]
         assert {c.kv_splits for c in here} == set(space.wgmma.KV_SPLITS), d
         assert {c.pack_gqa for c in here} == {False, True}, d
-        assert {c.scheduler for c in here} == {"grid", "stream"}, d
 
 
 def test_cases_cover_the_decode_corners():

@@ -30,8 +30,7 @@ SCAN_LIMIT = 20000
 # the rules a config can break alone somewhere in SAMPLE_PROBLEMS (test_rules_that_can_fire_are_sampled checks them)
 ALONE_RULES = {"pingpong_needs_two_consumers", "pingpong_needs_overlap", "rescale_before_needs_overlap",
                "setmaxnreg_needs_two_consumers", "setmaxnreg_one_block", "smem_optin_limit",
-               "accumulators_fit_registers", "split_pack_need_grid", "kv_splits_store_direct",
-               "stream_needs_split_pack"}
+               "accumulators_fit_registers", "split_pack_need_grid", "kv_splits_store_direct"}
 STATIC_ASSERT_RULE = re.compile(r'static assertion failed with "(\w+):')
 KERNELS = Path(__file__).resolve().parent.parent / "kernels"
 
@@ -55,13 +54,12 @@ def sample() -> tuple[dict, list]:
                  64: dict(consumer_wgs=3, bc=128, stages=4)}[p.head_dim]
         valid += [(c, p) for c in (Config.make("wgmma", **shape, **before, scheduler=s) for s in ("grid", "persistent"))
                   if space.is_valid(c, p, ARCH)]
-    # the decode axes: each problem's decode default (split-KV with packed GQA heads), the same under the stream
-    # scheduler, and packed heads with O staged in shared memory
+    # the decode axes: each problem's decode default (split-KV with packed GQA heads) and packed heads with O staged
+    # in shared memory
     for p in PROBLEMS:
         decode = space.default_config_for_shape(space.Shape(batch=1, heads=32, kv_heads=8, seqlen_q=1, seqlen_k=32768,
                                                             head_dim=p.head_dim, dtype=p.dtype, causal=p.causal), ARCH)
-        valid += [(c, p) for c in (decode, decode.replace(kv_splits=1, o_store="smem"), decode.replace(scheduler="stream"))
-                  if space.is_valid(c, p, ARCH)]
+        valid += [(c, p) for c in (decode, decode.replace(kv_splits=1, o_store="smem")) if space.is_valid(c, p, ARCH)]
     rng = random.Random(SEED)
     # Two split counts stand for all (no rule looks at the count beyond 1, and the domain keeps it in range): the
     # cross product is then 40k configs, not 200k. Each problem's scan stops once every rule that can fire alone
@@ -103,7 +101,7 @@ def test_sample_has_both_verdicts():
     assert {c.pingpong for c, _ in valid} == {True, False}
     assert {c.setmaxnreg for c, _ in valid} == {True, False}
     assert {c.o_store for c, _ in valid} == {"direct", "smem"}
-    assert {c.scheduler for c, _ in valid} == {"grid", "lpt", "persistent", "stream"}
+    assert {c.scheduler for c, _ in valid} == {"grid", "lpt", "persistent"}
     assert {c.o_rescale for c, _ in valid} == {"after", "before"}
     assert {c.pack_gqa for c, _ in valid} == {True, False}
     assert {c.kv_splits > 1 for c, _ in valid} == {True, False}

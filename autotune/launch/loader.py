@@ -284,8 +284,8 @@ class KernelRunner:
 
     def grid(self, shape: InputShape, kernel: Kernel | None = None) -> tuple[int, int, int]:
         """The contract's grid, from space.Layout.grid: (ceil(seqlen_q / rows_per_block), heads, batch) for the
-        `grid` scheduler, all tiles along x for `lpt`, SMs × resident CTAs (at most) for `persistent` and `stream`,
-        which is why those need the loaded `kernel` (the driver's occupancy for its geometry)."""
+        `grid` scheduler, all tiles along x for `lpt`, SMs × resident CTAs (at most) for `persistent`, which is
+        why that one needs the loaded `kernel` (the driver's occupancy for its geometry)."""
         resident = None
         if self.layout.needs_residency:
             if kernel is None:
@@ -293,8 +293,6 @@ class KernelRunner:
                                  "kernel (SMs × resident CTAs)")
             resident = kernel.resident_ctas(self.layout.threads, self.layout.smem_dynamic)
         gx, gy, gz = self.layout.grid(shape.batch, shape.heads, shape.seqlen_q, resident, shape.kv_heads)
-        if self.layout.scheduler == "stream":  # the kernel counts key tiles in 64 bits and lowers the CTA count
-            return gx, gy, gz
         if self.layout.scheduler != "grid":
             tiles = -(-shape.seqlen_q // self.layout.rows_per_block) * shape.heads * shape.batch
             # lpt: blockIdx.x is the tile; persistent: the kernel's cursor keeps unit + CTAs in 30 bits

@@ -16,8 +16,7 @@
 // Tensor maps (autotune/tma.py): rank 4, dims (head_dim, seqlen, heads, batch) with the tensors' real strides,
 // box (64, rows, 1, 1) with rows = 64 for Q and Bc for K/V, 128-byte swizzle, zero fill out of bounds.
 // Launch (space.Layout.grid): scheduler grid: (ceil(seqlen_q / kBr), heads, batch); lpt: (tiles, 1, 1); persistent:
-// (min(tiles, SMs × resident CTAs per SM), 1, 1); stream: (SMs × resident CTAs per SM, 1, 1). Block kThreads, dynamic
-// smem kSmemDynamic.
+// (min(tiles, SMs × resident CTAs per SM), 1, 1). Block kThreads, dynamic smem kSmemDynamic.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -212,71 +211,6 @@ __device__ __forceinline__ void for_each_tile(const FlashFwdParams& p, Run&& run
             c.tile_done();
         }
         c.next(pairs_blocks(order), gridDim.x);
-    }
-}
-
-// ---- stream scheduler ----------------------------------------------------------------------------------------------
-// The key tiles of every tile (query block, K/V head, batch) (packed GQA: one per K/V head), in that order with the
-// key tile fastest, form one sequence of T key tiles. It is cut into C equal shares (± 1 tile), one per CTA, so every
-// SM streams the same number of key tiles whatever batch × heads is: no wave of CTAs half full, no CTA starting
-// cold after another ends (the ring runs on from one segment to the next). A tile whose key tiles fall into several
-// shares is merged by flash_fwd_combine: its part in the k-th CTA holding some of it is split k. C is gridDim.x (SMs ×
-// resident CTAs), lowered until no tile has more than kSplits parts: each share must then hold at least
-// ceil((n_max - 1) / (kSplits - 1)) key tiles, n_max the most any tile has. CTAs past C exit at once.
-struct StreamOrder {
-    int num_m, tile_rows, pairs;
-    long long tiles_per_pair, total;
-    int ctas;
-};
-
-__device__ __forceinline__ StreamOrder stream_order(const FlashFwdParams& p) {
-    StreamOrder o;
-    o.tile_rows = kConsumerWGs * query_rows_per_wg(p);
-    o.num_m = (p.seqlen_q + o.tile_rows - 1) / o.tile_rows;
-    o.pairs = p.batch * p.kv_heads;
-    o.tiles_per_pair = 0;
-    for (int m = 0; m < o.num_m; ++m) o.tiles_per_pair += num_kv_tiles(p, m * o.tile_rows);
-    o.total = o.tiles_per_pair * o.pairs;
-    const int n_max = num_kv_tiles(p, (o.num_m - 1) * o.tile_rows);  // causal: the last block sees the most keys
-    constexpr int kMoreParts = kSplits > 1 ? kSplits - 1 : 1;  // parts a tile may have beyond its first
-    const long long share = n_max > 1 ? (n_max - 1 + kMoreParts - 1) / kMoreParts : 1;
-    o.ctas = static_cast<int>(min(static_cast<long long>(gridDim.x), o.total / share));
-    return o;
-}
-
-// First key tile of CTA c's share, and the CTA whose share holds key tile g (the largest c with share_begin(c) <= g).
-__device__ __forceinline__ long long share_begin(const StreamOrder& o, long long c) { return c * o.total / o.ctas; }
-__device__ __forceinline__ int share_of(const StreamOrder& o, long long g) {
-    return static_cast<int>(((g + 1) * o.ctas - 1) / o.total);
-}
-
-// run(tile, its first query row, key tiles [n_begin, n_end), split k, splits_end) for each segment of this CTA's
-// share, in order. splits_end: kSplits when the segment holds its tile's last key tile (the CTA then marks the
-// unused splits k + 1 .. kSplits - 1 empty for the combine), else k + 1. Recomputed from the parameters each time,
-// as for_each_tile does, to keep loop-carried registers low.
-template <class Run>
-__device__ __forceinline__ void for_each_segment(const FlashFwdParams& p, Run&& run) {
-    const int cta = static_cast<int>(blockIdx.x);
-    for (long long g = share_begin(stream_order(p), cta);;) {
-        const StreamOrder o = stream_order(p);
-        const long long end = share_begin(o, cta + 1);
-        if (g >= end) break;
-        const int pair = static_cast<int>(g / o.tiles_per_pair);
-        long long first = pair * o.tiles_per_pair;  // the tile's first key tile in the sequence
-        int m = 0, n = num_kv_tiles(p, 0);
-        while (g >= first + n) {
-            first += n;
-            n = num_kv_tiles(p, ++m * o.tile_rows);
-        }
-        Tile tile;
-        tile.m_block = m;
-        tile.batch = pair / p.kv_heads;
-        tile.head = (pair - tile.batch * p.kv_heads) * group_size(p);
-        const int n_begin = static_cast<int>(g - first);
-        const int n_end = static_cast<int>(min(static_cast<long long>(n), end - first));
-        const int split = cta - share_of(o, first);
-        run(tile, m * o.tile_rows, n_begin, n_end, split, first + n <= end ? kSplits : split + 1);
-        g = first + n_end;
     }
 }
 
@@ -531,11 +465,9 @@ __device__ __forceinline__ void release_q(const Smem& sm, uint32_t slot) {
 }
 
 // head: the tile's head (packed GQA: the first head of its group); n_begin, n_end: the key tiles of this CTA's
-// split (all of them without split-KV); split: which one; splits [split + 1, splits_end) are marked empty (the stream
-// scheduler's last part of a tile: the tile has no more parts).
+// split (all of them without split-KV); split: which one.
 __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm, int wg, int m0, int head,
-                                        int batch, int n_begin, int n_end, int split, int splits_end, Ring& ring,
-                                        uint32_t q_seq) {
+                                        int batch, int n_begin, int n_end, int split, Ring& ring, uint32_t q_seq) {
     const int tid = threadIdx.x % 128;
     const int warp = tid / 32, lane = tid % 32;
     const int wg_q0 = m0 + wg * query_rows_per_wg(p);   // first query row of this warpgroup
@@ -586,11 +518,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             return;
         }
     }
-    if constexpr (kPackGqa) {
-        // Stream: the previous segment's last S = Q·Kᵀ read this slot; every warp of the warpgroup is past it first.
-        if constexpr (kStream) named_bar_sync(kOStoreBarrier0 + wg, 128);
-        load_q_packed(p, q_addr, wg_q0, head, batch, wg);
-    }
+    if constexpr (kPackGqa) load_q_packed(p, q_addr, wg_q0, head, batch, wg);
     if constexpr (!kOverlap) {
         for (int n = n_begin; n < n_end; ++n) {
             mbar_wait(sm.k_full(stage), phase);
@@ -714,11 +642,8 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
 #pragma unroll
             for (int j = 0; j < kHeadDim / 8; ++j)
                 *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * h] * inv[h], o[4 * j + 2 * h + 1] * inv[h]);
-            if (lane % 4 == 0) {
+            if (lane % 4 == 0)
                 p.lse_partial[r] = l[h] > 0.f ? (m[h] + __log2f(l[h])) * 0.69314718055994531f : -CUDART_INF_F;
-                const long long split_rows = static_cast<long long>(p.batch) * p.heads * p.seqlen_q;
-                for (int s = split + 1; s < splits_end; ++s) p.lse_partial[r + (s - split) * split_rows] = -CUDART_INF_F;
-            }
         }
         return;
     }
@@ -801,7 +726,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     sm.bars = sm.v + kStages * kKVTileBytes;
 
     // One tile per CTA (grid, lpt): which one, worked out before the barrier set-up as it always was (unused, and
-    // compiled away, when persistent or stream: each role walks its own sequence below).
+    // compiled away, when persistent: each role walks its own sequence below).
     Tile tile;
     if constexpr (kSchedLpt) {
         tile = tile_at(p, tile_order(p), static_cast<int>(blockIdx.x));
@@ -821,9 +746,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     // none (fewer tiles than splits, or a short causal block) writes lse = -inf for its rows, which flash_fwd_combine
     // weighs 0 without reading its O, and exits before any barrier exists.
     int n_begin = 0, n_end = n_tiles;
-    if constexpr (kStream) {
-        if (static_cast<int>(blockIdx.x) >= stream_order(p).ctas) return;  // more CTAs than shares
-    } else if constexpr (kSplit) {
+    if constexpr (kSplit) {
         const int per_split = (n_tiles + kSplits - 1) / kSplits;
         n_begin = split * per_split;
         n_end = min(n_tiles, n_begin + per_split);
@@ -860,28 +783,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     __syncthreads();
 
     Ring ring;
-    if constexpr (kStream) {
-        // Every role walks the same segments; the ring's parities carry across them.
-        if (warpgroup == 0) {
-            if (threadIdx.x == 0)
-                for_each_segment(p, [&](const Tile& work, int work_m0, int n_begin, int n_end, int, int) {
-                    produce(p, sm, &tm_q, &tm_k, &tm_v, work_m0, work.head, work.head / group_size(p), work.batch,
-                            n_begin, n_end, ring, 0);
-                });
-        } else {
-            for_each_segment(p, [&](const Tile& work, int work_m0, int n_begin, int n_end, int split, int splits_end) {
-                consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, n_begin, n_end, split, splits_end, ring,
-                        0);
-            });
-        }
-    } else if constexpr (!kPersistent) {
+    if constexpr (!kPersistent) {
         if (warpgroup == 0) {
             if constexpr (kSetMaxNReg) setmaxnreg_dec<kProducerRegs>();
             if (threadIdx.x == 0)
                 produce(p, sm, &tm_q, &tm_k, &tm_v, m0, tile.head, kv_head, tile.batch, n_begin, n_end, ring, 0);
         } else {
             if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
-            consume(p, sm, warpgroup - 1, m0, tile.head, tile.batch, n_begin, n_end, split, split + 1, ring, 0);
+            consume(p, sm, warpgroup - 1, m0, tile.head, tile.batch, n_begin, n_end, split, ring, 0);
         }
     } else {
         // Every role walks the same tile sequence; the mbarrier parities (ring, Q full/empty) carry across tiles.
@@ -895,8 +804,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
         } else {
             if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
             for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_seq) {
-                consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, 0, num_kv_tiles(p, work_m0), 0, 1,
-                        ring, q_seq);
+                consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, 0, num_kv_tiles(p, work_m0), 0, ring,
+                        q_seq);
             });
         }
     }

@@ -35,13 +35,10 @@ constexpr bool kRescaleBefore = AT_O_RESCALE_BEFORE != 0;
 // Which tile (query block, head, batch) a CTA works on: 0 grid (one CTA per tile, blockIdx = (query block, head,
 // batch), causal query blocks reversed), 1 lpt (one CTA per tile on a 1-D grid, in L2-sized head sections, longest
 // first when causal), 2 persistent (each CTA strides through the lpt order; the producer prefetches the next tile's
-// K/V and Q under the current tile's epilogue), 3 stream (split-KV and packed GQA only: the key tiles of every tile
-// form one sequence cut into equal shares, one per resident CTA, each a run of segments merged by flash_fwd_combine;
-// flash_fwd.cu: for_each_segment).
+// K/V and Q under the current tile's epilogue).
 constexpr int kScheduler = AT_SCHEDULER;
 constexpr bool kSchedLpt = kScheduler == 1;
 constexpr bool kPersistent = kScheduler == 2;
-constexpr bool kStream = kScheduler == 3;
 // Split-KV: the key range of one (query block, head, batch) is cut into kSplits parts, one CTA each (grid.z =
 // batch × kSplits); each writes fp32 partials and flash_fwd_combine merges them with their logsumexp weights. Puts
 // enough CTAs on the SMs when batch × heads × query blocks is small (decode against a long cache).
@@ -124,16 +121,11 @@ static_assert(!kSetMaxNReg || kConsumerWGs >= 2,
               "setmaxnreg_needs_two_consumers: with one consumer warpgroup every thread already gets 255 registers");
 static_assert(!kSetMaxNReg || kMinBlocks == 1,
               "setmaxnreg_one_block: register reallocation needs __launch_bounds__(threads, 1)");
-static_assert(kScheduler >= 0 && kScheduler <= 3,
-              "scheduler_known: AT_SCHEDULER is 0 grid, 1 lpt, 2 persistent or 3 stream");
+static_assert(kScheduler >= 0 && kScheduler <= 2, "scheduler_known: AT_SCHEDULER is 0 grid, 1 lpt or 2 persistent");
 static_assert(kSplits >= 1 && kSplits <= 32,
               "kv_splits_range: 1 to 32 key splits (flash_fwd_combine gives each split one lane of a warp)");
-static_assert(!(kSplit || kPackGqa) || kScheduler == 0 || kStream,
-              "split_pack_need_grid: kv_splits > 1 and pack_gqa index tiles by the grid (blockIdx.y, blockIdx.z) or "
-              "the stream scheduler");
-static_assert(!kStream || (kSplit && kPackGqa),
-              "stream_needs_split_pack: the stream scheduler merges its segments through the split partials and loads "
-              "Q in the consumers (kv_splits > 1, pack_gqa)");
+static_assert(!(kSplit || kPackGqa) || kScheduler == 0,
+              "split_pack_need_grid: kv_splits > 1 and pack_gqa index tiles by the grid (blockIdx.y, blockIdx.z)");
 static_assert(!kSplit || !kOStoreSmem,
               "kv_splits_store_direct: split partials are fp32, written from the accumulators (o_store=direct)");
 static_assert(kThreads <= 1024, "threads_per_block: at most 1024 threads per block");
