@@ -53,7 +53,9 @@ MAX_COPIES = 32
 # that leaves two key tiles per split, packed heads; and the decode default unpacked, to show what packing gives.
 SWEEP_TILES = ((1, 128, 3, 1, True), (1, 128, 2, 1, True), (1, 64, 4, 1, True), (1, 128, 2, 1, False),
                (1, 192, 2, 1, True), (1, 128, 3, 1, False), (1, 96, 4, 1, False), (1, 80, 5, 1, False),
-               (1, 80, 5, 1, True), (1, 64, 6, 1, False), (1, 64, 6, 1, True))
+               (1, 80, 5, 1, True), (1, 64, 6, 1, False), (1, 64, 6, 1, True),
+               # two CTAs per SM (twice the independent K/V streams, each with its own ring)
+               (1, 64, 2, 2, False), (1, 64, 3, 2, False))
 SWEEP_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 
@@ -67,11 +69,11 @@ def inputs(shape: Shape, n: int, seed: int = 1):
     return [make_inputs(shape, "bhnd", seed=seed + i) for i in range(n)]
 
 
-def sweep_configs(shape: Shape) -> list[Config]:
+def sweep_configs(shape: Shape, tiles=SWEEP_TILES) -> list[Config]:
     n_tiles = lambda bc: -(-shape.seqlen_k // bc)  # noqa: E731
     out = [space.default_config_for_shape(shape, space.get_arch("sm_90"))]
     out.append(out[0].replace(pack_gqa=False))
-    for wgs, bc, stages, mb, ov in SWEEP_TILES:
+    for wgs, bc, stages, mb, ov in tiles:
         for s in SWEEP_SPLITS:
             if s > 1 and n_tiles(bc) // s < 2:
                 continue
@@ -89,7 +91,7 @@ def graph_us(fns) -> float:
     return bench_graph(fns).median_ms * 1e3
 
 
-def measure(shape: Shape, sweep: bool, builder, eager: bool) -> dict:
+def measure(shape: Shape, sweep: bool, builder, eager: bool, tiles=SWEEP_TILES) -> dict:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -136,7 +138,7 @@ def measure(shape: Shape, sweep: bool, builder, eager: bool) -> dict:
             row["notes"]["fa4"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
         if sweep:
-            configs = sweep_configs(shape)
+            configs = sweep_configs(shape, tiles)
             results = builder.build([(c, shape.problem) for c in configs])
             row["sweep"] = []
             for c, r in zip(configs, results):
@@ -240,6 +242,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", action="append", type=parse_shape, default=None, help="shape key (repeatable)")
     ap.add_argument("--sweep", action="store_true", help="also time a set of decode configs per shape")
+    ap.add_argument("--sweep-tiles", default=None,
+                    help="the tile shapes --sweep times: 'wgs,bc,stages,min_blocks,overlap;...' (overlap 0/1); "
+                         "default: SWEEP_TILES")
     ap.add_argument("--copy", action="store_true", help="measure the device copy rate for the %% column")
     ap.add_argument("--eager", action="store_true", help="also the eager L2-flushed median for ours and cuDNN")
     ap.add_argument("--out", type=Path, default=Path("decode-out"))
@@ -254,12 +259,19 @@ def main(argv=None) -> int:
     builder = runtime_builder(space.get_arch("sm_90"))
     builder.jobs = max(1, __import__("os").cpu_count() or 1)
     shapes = args.shape or [parse_shape(k) for k in SHAPES]
+    tiles = SWEEP_TILES
+    if args.sweep_tiles:
+        try:
+            tiles = tuple(tuple(int(x) for x in t.split(",")) for t in args.sweep_tiles.split(";") if t)
+            tiles = tuple((w, bc, st, mb, bool(ov)) for w, bc, st, mb, ov in tiles)
+        except ValueError:
+            ap.error(f"--sweep-tiles: expected 'wgs,bc,stages,min_blocks,overlap;...', got {args.sweep_tiles!r}")
     args.out.mkdir(parents=True, exist_ok=True)
     copy_tbs, read_tbs = device_rates_tbs() if args.copy else (None, None)
     rows = []
     for shape in shapes:
         t0 = time.monotonic()
-        rows.append(measure(shape, args.sweep, builder, args.eager))
+        rows.append(measure(shape, args.sweep, builder, args.eager, tiles))
         print(f"{shape.key}: {({k: round(v, 1) for k, v in rows[-1]['us'].items()})} µs "
               f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
         meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),

@@ -35,6 +35,7 @@ METRICS = (
     ("L2 hit rate, %", "lts__t_sector_hit_rate.pct"),
     ("DRAM throughput, % of peak", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
     ("DRAM bytes read (MB)", "dram__bytes_read.sum"),
+    ("DRAM read rate (GB/s)", "dram__bytes_read.sum.per_second"),
     ("registers per thread", "launch__registers_per_thread"),
     ("threads per block", "launch__block_size"),
     ("grid size (CTAs)", "launch__grid_size"),
@@ -51,31 +52,54 @@ STALL_REASONS = ("barrier", "branch_resolving", "dispatch_stall", "drain", "imc_
 METRIC_ARG_EXPLICIT = ",".join([m for _, m in METRICS] + [f"{STALL_PREFIX}{r}{STALL_SUFFIX}" for r in STALL_REASONS])
 
 
-def profile(shape_key: str, ours_only: bool = False) -> None:
+def profile(shape_key: str, ours_only: bool = False, peers: tuple[str, ...] = ("fa4",),
+            configs: tuple[str, ...] = ()) -> None:
+    """Profiled, in order: autotune.attention, each of `configs` (config keys, run through the loader), then the
+    peers (fa4: FlashAttention-4; cudnn / flash: SDPA's backend, enable_gqa where K/V heads are grouped)."""
     import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import autotune
+    import space
+    from autotune.launch.loader import KernelRunner
     from autotune.measure.check import make_inputs
+    from autotune.runtime.lookup import builder as runtime_builder
     from peers_table import parse_shape
-
-    if ours_only:
-        def flash_attn_func(*args, **kwargs):  # noqa: ARG001 - stands in for FA4 when it is not profiled
-            return None
-    else:
-        from flash_attn.cute import flash_attn_func
 
     shape = parse_shape(shape_key)
     q, k, v = make_inputs(shape, "bhnd", seed=1)
     qn, kn, vn = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    gqa = shape.heads != shape.kv_heads
+    calls = [lambda: autotune.attention(q, k, v, causal=shape.causal)]
+    if configs:
+        builder = runtime_builder(space.get_arch("sm_90"))
+        for result in builder.build([(space.Config.from_key(key), shape.problem) for key in configs]):
+            if not result.ok:
+                raise SystemExit(f"--config {result.config.key}: the build failed")
+            calls.append(lambda runner=KernelRunner(result): runner(q, k, v))
+    for peer in () if ours_only else peers:
+        if peer == "fa4":
+            from flash_attn.cute import flash_attn_func
+            calls.append(lambda: flash_attn_func(qn, kn, vn, causal=shape.causal))
+        elif peer in ("cudnn", "flash"):
+            backend = SDPBackend.CUDNN_ATTENTION if peer == "cudnn" else SDPBackend.FLASH_ATTENTION
+
+            def sdpa(backend=backend):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal, enable_gqa=gqa)
+            calls.append(sdpa)
+        else:
+            raise SystemExit(f"--peers: expected fa4, cudnn or flash, got {peer!r}")
     print(autotune.explain(q, k, v, causal=shape.causal), file=sys.stderr)
     with torch.no_grad():
         for _ in range(3):  # build/load ours, JIT-compile theirs, settle clocks
-            autotune.attention(q, k, v, causal=shape.causal)
-            flash_attn_func(qn, kn, vn, causal=shape.causal)
+            for call in calls:
+                call()
         torch.cuda.synchronize()
         torch.cuda.profiler.start()
-        autotune.attention(q, k, v, causal=shape.causal)
-        flash_attn_func(qn, kn, vn, causal=shape.causal)
+        for call in calls:
+            call()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
 
@@ -99,6 +123,10 @@ def table(raw_csv: Path) -> str:
     # ours: flash_fwd_wgmma / flash_fwd_mma_sync; FlashAttention-4's CuTe DSL name also contains "flash_fwd"
     labels = ["ours" if n.startswith("flash_fwd_") else "FlashAttention-4" if "flash_attn" in n else n[:30]
               for n in names]
+    if labels.count("ours") > 1:  # autotune.attention, then each --config, each maybe with its combine kernel
+        runs = iter(range(1, len(labels) + 1))
+        labels = [("ours combine" if "combine" in n else f"ours #{next(runs)}") if lab == "ours" else lab
+                  for lab, n in zip(labels, names)]
     scale = {"gpu__time_duration.sum": 1e-3, "smsp__inst_executed.sum": 1e-6, "dram__bytes_read.sum": 1e-6,
              "launch__shared_mem_per_block_dynamic": 1 / 1024}
     out = ["| metric | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
@@ -113,6 +141,8 @@ def table(raw_csv: Path) -> str:
         if metric.endswith("bytes_read.sum") and unit.lower().startswith("mbyte"):
             factor = 1.0
         vals = [_number(k[col[metric]]) for k in kernels]
+        if metric.endswith(".per_second"):  # ncu picks the prefix (Gbyte/s, Tbyte/s): say which
+            label = f"{label.split(' (')[0]} ({unit})"
         out.append(f"| {label} | " + " | ".join("—" if x is None else f"{x * factor:.3g}" for x in vals) + " |")
 
     for label, metric in METRICS:
@@ -134,13 +164,15 @@ def main(argv=None) -> int:
     p = sub.add_parser("profile")
     p.add_argument("--shape", default="b4-h16-n4096-d128-fp16-full")
     p.add_argument("--ours-only", action="store_true", help="profile only our kernel (FlashAttention-4 not needed)")
+    p.add_argument("--peers", default="fa4", help="comma-separated peers to profile: fa4, cudnn, flash")
+    p.add_argument("--config", action="append", default=[], help="also this config key, through the loader")
     t = sub.add_parser("table")
     t.add_argument("raw_csv", type=Path)
     m = sub.add_parser("metrics", help="print the --metrics argument for ncu")
     m.add_argument("--explicit", action="store_true", help="list the stall reasons instead of a regex")
     args = ap.parse_args(argv)
     if args.cmd == "profile":
-        profile(args.shape, args.ours_only)
+        profile(args.shape, args.ours_only, tuple(x for x in args.peers.split(",") if x), tuple(args.config))
     elif args.cmd == "table":
         print(table(args.raw_csv))
     else:
