@@ -243,3 +243,21 @@ def test_a_timm_vit_runs_through_the_patch(stand_in):
             patched = model(x)
     assert len(stand_in.calls) == len(model.blocks) and stand_in.calls[0]["q"] == (2, 3, 17, 64)
     assert torch.equal(patched, stock)
+
+
+def test_the_plain_python_broadcast_agrees_with_torch():
+    """sdpa._broadcast_shapes stands in for torch.broadcast_shapes on the per-call path: same result, same error."""
+    import random
+
+    from autotune.runtime.sdpa import _broadcast_shapes
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        shapes = [tuple(rng.choice((0, 1, 2, 3)) for _ in range(rng.randint(0, 4))) for _ in range(rng.randint(1, 3))]
+        try:
+            want = torch.broadcast_shapes(*shapes)
+        except RuntimeError:
+            with pytest.raises(RuntimeError):
+                _broadcast_shapes(*shapes)
+        else:
+            assert _broadcast_shapes(*shapes) == want, shapes
