@@ -5,6 +5,12 @@
 #   bash benchmarks/decode_checklist.sh tests   the decode, wgmma and mma_sync correctness matrices
 #   bash benchmarks/decode_checklist.sh final   the decode table as users get it (shipped tables) beside every peer,
 #                                               the prefill peers table, the runtime GPU tests
+#   bash benchmarks/decode_checklist.sh campaign [SECONDS]
+#                                               resume the decode campaign (studies/campaigns/h200-decode.toml) from
+#                                               studies/campaign-h200-decode.db (carry it; git-ignored) within
+#                                               SECONDS (default 540); storage and table under OUT; afterwards merge
+#                                               its rows: autotune export studies/tuned/h200-decode.json --merge
+#                                               --storage sqlite:///studies/campaign-h200-decode.db
 # Each step has its own time limit so one slow step cannot take the others' share.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,5 +46,9 @@ print(len(res), 'builds,', sum(not r.ok or r.spilled for r in res), 'failed or s
     step decode_final 200 python3 benchmarks/decode_table.py --copy --eager --out "$OUT/decode-final"
     step peers_prefill 240 python3 benchmarks/peers_table.py --out "$OUT/peers"
     TAIL=8 step runtime_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_runtime_gpu.py --maxfail=30 ;;
-  *) echo "usage: $0 sweep|tests|final" >&2; exit 2 ;;
+  campaign)
+    CAMPAIGN_FILE=studies/campaigns/h200-decode.toml CAMPAIGN_DB=studies/campaign-h200-decode.db \
+      EXTRA="--warm-from studies/tuned/h200-decode.json" OUT="$OUT/campaign" \
+      bash benchmarks/campaign_h200.sh "${2:-540}" ;;
+  *) echo "usage: $0 sweep|tests|final|campaign [SECONDS]" >&2; exit 2 ;;
 esac
