@@ -36,8 +36,6 @@ SMEM_OPTIN = 232448
 SMEM_PER_SM = 233472
 # (BC, STAGES, SPLITS, SPIN_CYCLES, MIN_BLOCKS, L2 promotion); the first block varies one thing at a time around
 # the shipped B32 Nk4096 row (BC 128, 2 stages, 1 split, 1 CTA per SM).
-PROMOTIONS = {"256B": "CU_TENSOR_MAP_L2_PROMOTION_L2_256B", "128B": "CU_TENSOR_MAP_L2_PROMOTION_L2_128B",
-              "none": "CU_TENSOR_MAP_L2_PROMOTION_NONE"}
 VARIANTS = (
     [(128, 2, 1, spin, 1, "256B") for spin in (0, 500, 1000, 2000, 4000)]
     + [(128, st, 1, 1000, 1, "256B") for st in (3, 4, 6) if st * 2 * 128 * 256 + 2048 <= SMEM_OPTIN]
@@ -86,7 +84,6 @@ def main(argv=None) -> int:
 
     from autotune.build.nvcc import find_nvcc
     from autotune.launch import tma
-    from autotune.launch.libcuda import driver
     from autotune.launch.loader import load_kernel
     from autotune.measure.timing import bench_graph
 
@@ -108,7 +105,6 @@ def main(argv=None) -> int:
     kv_bytes = 2 * k.numel() * k.element_size()
     sink = torch.zeros(1, dtype=torch.int64, device="cuda")
     params = ProbeParams(n, h, sink.data_ptr())
-    drv = driver()
     big = torch.ones(1 << 29, dtype=torch.float32, device="cuda")
     acc = torch.empty((), dtype=torch.float32, device="cuda")
     read_us = bench_graph([lambda: torch.sum(big, dim=0, out=acc)]).median_ms * 1e3
@@ -124,10 +120,7 @@ def main(argv=None) -> int:
     for (bc, stages, splits, spin, min_blocks, promo), cubin in zip(variants, cubins):
         maps = []
         for t, name in ((k, "k"), (v, "v")):
-            enc = tma.TensorMapEncoder(tuple(t.shape), tuple(t.stride()), t.dtype, t.element_size(), bc, name)
-            l2 = int(getattr(drv.CUtensorMapL2promotion, PROMOTIONS[promo]))
-            enc._args = enc._args[:8] + (l2,) + enc._args[9:]  # the probe's one change to the production maps
-            maps.append(enc(t.data_ptr()))
+            maps.append(tma.encode(t, bc, name, promo))
         smem = smem_bytes(bc, stages)
         kernel = load_kernel(cubin, "tma_stream", smem)
         grid = (b * h * splits, 1, 1)

@@ -233,3 +233,14 @@ def test_the_fast_valid_configs_are_the_brute_forces(problem):
     for c in random.Random(SEED).sample(everything, 4000) + fast[::50]:
         assert space.is_valid(c, problem, ARCH) == (c in chosen), c.key
     assert space.valid_configs(problem, ARCH, ("wgmma",)) == fast
+
+
+def test_decode_calls_stream_their_cache_without_l2_promotion():
+    """The K/V maps' L2 promotion: none for decode (at most DECODE_MAX_QUERIES query rows), 256B for prefill;
+    every name is a promotion the driver knows (benchmarks/tma_stream_probe.py measured the difference)."""
+    from autotune.launch import tma
+
+    assert tma.kv_l2_promotion(1) == tma.kv_l2_promotion(space.DECODE_MAX_QUERIES) == "none"
+    assert tma.kv_l2_promotion(space.DECODE_MAX_QUERIES + 1) == tma.kv_l2_promotion(4096) == "256B"
+    drv = pytest.importorskip("cuda.bindings.driver")
+    assert all(hasattr(drv.CUtensorMapL2promotion, name) for name in tma.L2_PROMOTIONS.values())

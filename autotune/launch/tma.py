@@ -21,6 +21,8 @@ import ctypes
 import functools
 from collections import OrderedDict
 
+from space.problem import DECODE_MAX_QUERIES
+
 from .libcuda import driver, encode_tiled_fn, error_name
 
 SWIZZLE_COLS = 64   # elements per box row: 128 bytes, the 128B swizzle span the kernel's descriptors assume
@@ -86,6 +88,14 @@ class TensorMapBuffer:
         return self.address
 
 
+# L2 promotion of a map's loads: a miss fetches this much around the requested line. 256B suits tiles many CTAs
+# re-read from L2 (prefill's K/V, every Q); a decode cache is streamed once, where 256B cost 7 % of the read rate:
+# benchmarks/tma_stream_probe.py on the H200 streamed B32 Hkv8 Nk4096 at 4.16 TB/s with it, 4.44-4.49 with 128B or
+# none (the device's own read rate 4.39), and the decode kernel followed (docs/benchmarks.md).
+L2_PROMOTIONS = {"256B": "CU_TENSOR_MAP_L2_PROMOTION_L2_256B", "128B": "CU_TENSOR_MAP_L2_PROMOTION_L2_128B",
+                 "none": "CU_TENSOR_MAP_L2_PROMOTION_NONE"}
+
+
 class TensorMapEncoder:
     """Tensor maps for one geometry (shape, strides, dtype, box): between calls only the base address changes.
 
@@ -96,8 +106,10 @@ class TensorMapEncoder:
 
     MAX_CACHED = 64
 
-    def __init__(self, shape, strides, dtype, elem_bytes: int, box_rows: int, name: str):
+    def __init__(self, shape, strides, dtype, elem_bytes: int, box_rows: int, name: str, l2_promotion: str = "256B"):
         drv = driver()
+        if l2_promotion not in L2_PROMOTIONS:
+            raise ValueError(f"l2_promotion: expected one of {sorted(L2_PROMOTIONS)}, got {l2_promotion!r}")
         dims, gstrides, box = tensor_map_geometry(shape, strides, elem_bytes, 0, box_rows, name)
         self.name = name
         self._args = (
@@ -106,7 +118,7 @@ class TensorMapEncoder:
             (ctypes.c_uint32 * 4)(*box), (ctypes.c_uint32 * 4)(1, 1, 1, 1),
             int(drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE),
             int(drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B),
-            int(drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
+            int(getattr(drv.CUtensorMapL2promotion, L2_PROMOTIONS[l2_promotion])),
             # NONE fills out-of-bounds elements with zeros: padded key rows then score 0 (masked anyway) and
             # their V rows contribute 0 × p instead of garbage × 0 = NaN.
             int(drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
@@ -135,17 +147,24 @@ class TensorMapEncoder:
 
 
 @functools.lru_cache(maxsize=256)
-def _encoder(shape: tuple, strides: tuple, dtype, elem_bytes: int, box_rows: int, name: str) -> TensorMapEncoder:
-    return TensorMapEncoder(shape, strides, dtype, elem_bytes, box_rows, name)
+def _encoder(shape: tuple, strides: tuple, dtype, elem_bytes: int, box_rows: int, name: str,
+             l2_promotion: str) -> TensorMapEncoder:
+    return TensorMapEncoder(shape, strides, dtype, elem_bytes, box_rows, name, l2_promotion)
 
 
-def encode(tensor, box_rows: int, name: str = "tensor") -> TensorMapBuffer:
+def encode(tensor, box_rows: int, name: str = "tensor", l2_promotion: str = "256B") -> TensorMapBuffer:
     """A CUtensorMap for a (batch, heads, seqlen, head_dim) CUDA tensor view (any strides, last dim contiguous)."""
     if not getattr(tensor, "is_cuda", False):
         raise ValueError(f"{name}: expected a CUDA tensor")
     encoder = _encoder(tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor.element_size(), box_rows,
-                       name)
+                       name, l2_promotion)
     return encoder(tensor.data_ptr())
+
+
+def kv_l2_promotion(seqlen_q: int) -> str:
+    """The K/V maps' L2 promotion for a call: none for decode (Shape.is_decode: each cache line is read once per
+    K/V head, and 256B promotion cost 7 % of the read rate), 256B for prefill (as measured in every prefill table)."""
+    return "none" if seqlen_q <= DECODE_MAX_QUERIES else "256B"
 
 
 def flash_tensor_maps(q, k, v, bc: int):
@@ -153,7 +172,8 @@ def flash_tensor_maps(q, k, v, bc: int):
 
     The maps hold the tensors' addresses: encode them again for other tensors (encoding is a cheap host call).
     """
-    return encode(q, Q_BOX_ROWS, "q"), encode(k, bc, "k"), encode(v, bc, "v")
+    promotion = kv_l2_promotion(q.shape[2])
+    return encode(q, Q_BOX_ROWS, "q"), encode(k, bc, "k", promotion), encode(v, bc, "v", promotion)
 
 
 def as_ctypes(tmap) -> ctypes.Array:
