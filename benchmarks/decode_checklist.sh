@@ -5,6 +5,8 @@
 #   bash benchmarks/decode_checklist.sh tests   the decode, wgmma and mma_sync correctness matrices
 #   bash benchmarks/decode_checklist.sh final   the decode table as users get it (shipped tables) beside every peer,
 #                                               the prefill peers table, the runtime GPU tests
+#   bash benchmarks/decode_checklist.sh promotion   prefill with the K/V maps' L2 promotion none against the product's
+#                                               256B (benchmarks/peers_table.py twice, our column only differs)
 #   bash benchmarks/decode_checklist.sh campaign [SECONDS]
 #                                               resume the decode campaign (studies/campaigns/h200-decode.toml) from
 #                                               studies/campaign-h200-decode.db (carry it; git-ignored) within
@@ -46,9 +48,12 @@ print(len(res), 'builds,', sum(not r.ok or r.spilled for r in res), 'failed or s
     step decode_final 200 python3 benchmarks/decode_table.py --copy --eager --out "$OUT/decode-final"
     step peers_prefill 240 python3 benchmarks/peers_table.py --out "$OUT/peers"
     TAIL=8 step runtime_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_runtime_gpu.py --maxfail=30 ;;
+  promotion)
+    step peers_256B 240 python3 benchmarks/peers_table.py --out "$OUT/peers-256B"
+    step peers_none 240 python3 benchmarks/peers_table.py --kv-l2-promotion none --out "$OUT/peers-none" ;;
   campaign)
     CAMPAIGN_FILE=studies/campaigns/h200-decode.toml CAMPAIGN_DB=studies/campaign-h200-decode.db \
       EXTRA="--warm-from studies/tuned/h200-decode.json" OUT="$OUT/campaign" \
       bash benchmarks/campaign_h200.sh "${2:-540}" ;;
-  *) echo "usage: $0 sweep|tests|final|campaign [SECONDS]" >&2; exit 2 ;;
+  *) echo "usage: $0 sweep|tests|final|promotion|campaign [SECONDS]" >&2; exit 2 ;;
 esac

@@ -120,8 +120,16 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup-ms", type=float, default=25)
     ap.add_argument("--rep-ms", type=float, default=200)
     ap.add_argument("--out", type=Path, default=Path("peers-out"))
+    ap.add_argument("--kv-l2-promotion", choices=("256B", "128B", "none"), default=None,
+                    help="A/B: the K/V tensor maps' L2 promotion for every call (default: the product's choice, "
+                         "autotune.launch.tma.kv_l2_promotion: none for decode, 256B for prefill)")
     args = ap.parse_args(argv)
     import torch
+
+    if args.kv_l2_promotion:
+        from autotune.launch import tma
+
+        tma.kv_l2_promotion = lambda seqlen_q, choice=args.kv_l2_promotion: choice  # noqa: E731
 
     if not torch.cuda.is_available():
         print("peers_table: needs a CUDA GPU", file=sys.stderr)
@@ -135,7 +143,8 @@ def main(argv=None) -> int:
               f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv)}
+            "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+            "kv_l2_promotion": args.kv_l2_promotion or "product"}
     (args.out / "peers.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     print(f"\n{meta['gpu']}, torch {meta['torch']}, {meta['date']}\n")
     print(markdown(rows))
