@@ -171,3 +171,30 @@ def test_the_valid_baseline_of_BAD_passes():
     shape = validate_inputs(*qkvo(), torch.zeros(2, 4, 33), problem=Problem(64, "fp16"), require_cuda=False)
     assert (shape.batch, shape.heads, shape.kv_heads, shape.seqlen_q, shape.seqlen_k, shape.head_dim, shape.dtype) \
         == (2, 4, 4, 33, 40, 64, "fp16")
+
+
+def test_the_launch_config_structs_match_cuda_h(tmp_path):
+    """libcuda.LaunchConfig / LaunchAttribute (cuLaunchKernelEx, programmatic dependent launch) against cuda.h."""
+    from autotune.build.nvcc import NvccNotFoundError, find_nvcc
+    from autotune.launch.libcuda import LaunchAttribute, LaunchConfig
+
+    try:
+        nvcc = find_nvcc()  # compiles host C++ with the toolkit's cuda.h on its include path
+    except NvccNotFoundError as e:
+        pytest.skip(f"no nvcc, so no cuda.h to compare against ({e})")
+    checks = [("CUlaunchConfig", name) for name, _ in LaunchConfig._fields_] + \
+             [("CUlaunchAttribute", name) for name, _ in LaunchAttribute._fields_]
+    prints = "\n".join(f'    std::printf("{s}.{n} %zu\\n", offsetof({s}, {n}));' for s, n in checks)
+    source = tmp_path / "launch.cpp"
+    source.write_text(f'#include <cstddef>\n#include <cstdio>\n#include <cuda.h>\nint main() {{\n'
+                      f'    std::printf("CUlaunchConfig %zu\\nCUlaunchAttribute %zu\\n", sizeof(CUlaunchConfig), '
+                      f'sizeof(CUlaunchAttribute));\n{prints}\n    return 0;\n}}\n')
+    exe = tmp_path / "launch"
+    subprocess.run([str(nvcc), "-std=c++17", str(source), "-o", str(exe)], check=True, capture_output=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
+    c = {line.split()[0]: int(line.split()[1]) for line in out if line}
+    assert c["CUlaunchConfig"] == ctypes.sizeof(LaunchConfig)
+    assert c["CUlaunchAttribute"] == ctypes.sizeof(LaunchAttribute)
+    for s, struct in (("CUlaunchConfig", LaunchConfig), ("CUlaunchAttribute", LaunchAttribute)):
+        for name, _ in struct._fields_:
+            assert c[f"{s}.{name}"] == getattr(struct, name).offset, (s, name)

@@ -1,7 +1,7 @@
-"""The two driver calls on the hot path of a warm `autotune.attention` call, bound straight to libcuda with ctypes.
+"""The driver calls on the hot path of a warm `autotune.attention` call, bound straight to libcuda with ctypes.
 
 Everything else (contexts, modules, attributes, occupancy) goes through cuda-python, whose module `driver()`
-here finds for both of its layouts. These two are called on
+here finds for both of its layouts. These are called on
 every launch, and cuda-python's argument conversion made them the bulk of the per-call overhead: on the H200,
 a bare cuLaunchKernel through cuda-python cost 18 µs of host time and the three tensor-map encodings of the
 wgmma family more than that again (benchmarks/runtime_overhead.py, 2026-11-29). A ctypes call with prebuilt
@@ -52,6 +52,41 @@ def encode_tiled_fn():
                    ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
                    ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     return fn
+
+
+class LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: the id (a 4-byte enum) padded to 8 bytes, then the 64-byte value union."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (cuda.h): grid, block, dynamic shared memory, stream, then the attribute list."""
+
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+@functools.lru_cache(maxsize=None)
+def launch_kernel_ex_fn():
+    """CUresult cuLaunchKernelEx(const CUlaunchConfig*, CUfunction, void** kernelParams, void** extra)."""
+    fn = _lib().cuLaunchKernelEx
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def programmatic_serialization() -> LaunchAttribute:
+    """The attribute that lets a launch start before the previous kernel on its stream has finished
+    (programmatic dependent launch, sm_90+): the kernel's griddepcontrol.wait then waits for that kernel's
+    completion and memory, and the launch itself overlaps the previous kernel's tail."""
+    attr = LaunchAttribute()
+    attr.id = int(driver().CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value[0] = 1  # programmaticStreamSerializationAllowed
+    return attr
 
 
 def error_name(code: int) -> str:

@@ -20,7 +20,8 @@ from typing import Sequence
 import space
 
 from . import tma
-from .libcuda import driver, error_name, launch_kernel_fn
+from .libcuda import (LaunchConfig, driver, error_name, launch_kernel_ex_fn, launch_kernel_fn,
+                      programmatic_serialization)
 from .params import FlashFwdParams, InputShape, make_params
 
 MAX_GRID_YZ = 65535
@@ -134,6 +135,12 @@ class Kernel:
               f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES={nbytes}) for {self.entry}")
         self.max_dynamic_smem = int(nbytes)
 
+    def compute_capability(self) -> tuple[int, int]:
+        """(major, minor) of the device this kernel is loaded on."""
+        import torch
+
+        return torch.cuda.get_device_capability(self.device)
+
     def attribute(self, name: str) -> int:
         """cuFuncGetAttribute by short name: 'NUM_REGS', 'SHARED_SIZE_BYTES', 'MAX_THREADS_PER_BLOCK', ..."""
         drv = driver()
@@ -163,8 +170,11 @@ class Kernel:
         return found
 
     def launch(self, params: FlashFwdParams, grid: Sequence[int], block: Sequence[int], smem_dynamic: int = 0,
-               stream=None, extra_args: Sequence = ()) -> None:
+               stream=None, extra_args: Sequence = (), programmatic: bool = False) -> None:
         """cuLaunchKernel with kernelParams = [&params, &extra_args[0], ...]; `stream` defaults to torch's current.
+        programmatic: launch with programmatic stream serialization (cuLaunchKernelEx; sm_90+): the kernel may
+        start before the previous one on the stream has finished, and must itself wait for it (griddepcontrol.wait,
+        as flash_fwd_combine does).
 
         Asynchronous: a fault inside the kernel surfaces at the next synchronizing call, not here.
         """
@@ -178,11 +188,16 @@ class Kernel:
         gx, gy, gz = grid
         bx, by, bz = block
         # libcuda directly (autotune/launch/libcuda.py says why): this is the per-call hot path.
-        code = launch_kernel_fn()(self._handle, gx, gy, gz, bx, by, bz, smem_dynamic,
-                                  _stream_handle(stream, self.device), pointers, None)
+        if programmatic:
+            config = LaunchConfig(gx, gy, gz, bx, by, bz, smem_dynamic, _stream_handle(stream, self.device),
+                                  ctypes.pointer(programmatic_serialization()), 1)
+            code = launch_kernel_ex_fn()(ctypes.byref(config), self._handle, pointers, None)
+        else:
+            code = launch_kernel_fn()(self._handle, gx, gy, gz, bx, by, bz, smem_dynamic,
+                                      _stream_handle(stream, self.device), pointers, None)
         if code:
-            raise CudaError(f"cuLaunchKernel({self.entry}, grid=({gx},{gy},{gz}), block=({bx},{by},{bz}), "
-                            f"smem={smem_dynamic})", error_name(code))
+            raise CudaError(f"cuLaunchKernel{'Ex' if programmatic else ''}({self.entry}, grid=({gx},{gy},{gz}), "
+                            f"block=({bx},{by},{bz}), smem={smem_dynamic})", error_name(code))
 
 
 _kernels: dict[tuple[str, str, int], Kernel] = {}  # (cubin sha256, entry, device) -> Kernel, for the process
@@ -233,6 +248,10 @@ def _family(name: str) -> space.Family:
 
 COMBINE_ENTRY = "flash_fwd_combine"  # split-KV's merge kernel, in every wgmma cubin (kernels/sm90/flash_fwd.cu)
 COMBINE_ROWS_PER_BLOCK = 4            # one warp per (batch, head, query row), 128 threads
+# Launch the combine with programmatic dependent launch on sm_90+ (its launch overlaps the split kernel's tail; the
+# kernel waits for the splits' partials itself, griddepcontrol.wait). Off until the decode table has measured it:
+# benchmarks/decode_table.py --combine-pdl times it beside the plain launch.
+COMBINE_PROGRAMMATIC = False
 
 
 @dataclass(frozen=True)
@@ -242,9 +261,10 @@ class Combine:
     kernel: Kernel
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
+    programmatic: bool = False  # programmatic dependent launch (COMBINE_PROGRAMMATIC, on an sm_90+ device)
 
     def __call__(self, params: FlashFwdParams, stream=None) -> None:
-        self.kernel.launch(params, self.grid, self.block, 0, stream)
+        self.kernel.launch(params, self.grid, self.block, 0, stream, programmatic=self.programmatic)
 
 
 @dataclass(frozen=True, eq=False)  # holds tensors: compare by identity
@@ -319,8 +339,9 @@ class KernelRunner:
         grid = -(-rows // COMBINE_ROWS_PER_BLOCK)
         if grid > MAX_GRID_X:
             raise ValueError(f"q: {rows} query rows need {grid} combine blocks (max {MAX_GRID_X})")
-        return Combine(load_kernel(self._cubin, COMBINE_ENTRY, 0, device), (grid, 1, 1),
-                       (32 * COMBINE_ROWS_PER_BLOCK, 1, 1))
+        kernel = load_kernel(self._cubin, COMBINE_ENTRY, 0, device)
+        return Combine(kernel, (grid, 1, 1), (32 * COMBINE_ROWS_PER_BLOCK, 1, 1),
+                       COMBINE_PROGRAMMATIC and kernel.compute_capability()[0] >= 9)
 
     def prepare(self, q, k, v, o, lse=None, scale: float | None = None, causal_align: str = "upper_left") -> Launch:
         """Validate and fill the parameter block once; the returned Launch can be called many times (timing).
