@@ -245,6 +245,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-tiles", default=None,
                     help="the tile shapes --sweep times: 'wgs,bc,stages,min_blocks,overlap;...' (overlap 0/1); "
                          "default: SWEEP_TILES")
+    ap.add_argument("--combine-pdl", action="store_true",
+                    help="launch split-KV's combine with programmatic dependent launch (loader.COMBINE_PROGRAMMATIC)")
     ap.add_argument("--copy", action="store_true", help="measure the device copy rate for the %% column")
     ap.add_argument("--eager", action="store_true", help="also the eager L2-flushed median for ours and cuDNN")
     ap.add_argument("--out", type=Path, default=Path("decode-out"))
@@ -254,7 +256,11 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("decode_table: needs a CUDA GPU", file=sys.stderr)
         return 2
+    from autotune.launch import loader
     from autotune.runtime.lookup import builder as runtime_builder
+
+    if args.combine_pdl:
+        loader.COMBINE_PROGRAMMATIC = True
 
     builder = runtime_builder(space.get_arch("sm_90"))
     builder.jobs = max(1, __import__("os").cpu_count() or 1)
@@ -275,7 +281,8 @@ def main(argv=None) -> int:
         print(f"{shape.key}: {({k: round(v, 1) for k, v in rows[-1]['us'].items()})} µs "
               f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
         meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-                "command": " ".join(sys.argv), "copy_tbs": copy_tbs, "read_tbs": read_tbs}
+                "command": " ".join(sys.argv), "copy_tbs": copy_tbs, "read_tbs": read_tbs,
+                "combine_programmatic": loader.COMBINE_PROGRAMMATIC}
         (args.out / "decode.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     if args.sweep:
         table = {"format": "autotune-best", "schema_version": 1, "rows": shipped_rows(rows, shapes, builder)}
