@@ -7,7 +7,7 @@ hand in either place fails a test until the page is regenerated.
 
 Columns: the shape, the config (campaign_table.short_config), TFLOPS and the spread of the rounds as stored
 (spread_ms / time_ms), the study and trial that produced it, the day it was recorded. Rows: sorted by dtype,
-head_dim, causal, seqlen, batch, heads.
+head_dim, causal, causal_align, seqlen, batch, heads.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ COLUMNS = ("shape", "config", "TFLOPS", "spread", "study #trial", "recorded")
 def markdown(path: str | Path) -> str:
     """The table (and a line saying where it came from) for the export at `path`."""
     export = read_export(path)
-    rows = sorted(export.entries, key=lambda e: (e.dtype, e.head_dim, e.causal, e.seqlen, e.seqlen_k, e.batch,
+    rows = sorted(export.entries, key=lambda e: (e.dtype, e.head_dim, e.causal, e.causal_align, e.seqlen, e.seqlen_k, e.batch,
                                                  e.heads, e.kv_heads, e.gpu_name))
     lines = [f"{len(rows)} rows of `{Path(path).name}`" + (f" ({len(export.skipped)} unusable, left out)"
                                                           if export.skipped else "") + ":", "",

@@ -24,7 +24,7 @@ import space
 from space import Arch, Config, Shape
 
 from ..store.best_table import BestStore, StoreError, read_export, row_matches
-from ..store.nearest import distance
+from ..store.nearest import alignment_fits, distance
 from . import study as studies
 
 
@@ -44,7 +44,8 @@ def neighbour_configs(store, storage, shape: Shape, gpu_name: str, arch: Arch, k
     finally:
         if own:
             table.close()
-    ranked = sorted(rows, key=lambda r: (distance(shape, r.shape), -r.tflops))
+    # Rows of the other causal alignment (Nq != Nk) timed another mask: not neighbours (store.nearest.alignment_fits)
+    ranked = sorted((r for r in rows if alignment_fits(r.shape, shape)), key=lambda r: (distance(shape, r.shape), -r.tflops))
     chosen: list[Config] = []
     used: list[str] = []
 
