@@ -173,7 +173,7 @@ def _new_launcher(q, k, v, causal, scale, return_lse: bool, url: str) -> _Launch
     inputs = check_inputs(q, k, v)
     plan = runtime.resolve(q.device.index, shape_of(inputs, masked, align), url)
     if benchmark_mode.settings.enabled:  # models: an untuned shape times a few built configs first
-        plan = benchmark_mode.plan(plan, q, k, v, scale, url)
+        plan = benchmark_mode.plan(plan, q, k, v, scale, url, align)  # timed with the call's own mask
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
     launch = plan.runner.prepare(q, k, v, o, lse, scale, align)  # the loader's own full validation, once
