@@ -508,3 +508,55 @@ def test_a_version_2_table_upgrades_on_postgresql(postgres_url):
         assert store.record_best(entry(120.0, shape=LOWER_RIGHT, config=DECODE_CONFIG)).action == "inserted"
     with BestStore(postgres_url) as store:  # opened again: nothing left to migrate
         assert len(store.all_rows()) == 4
+
+
+# ---- a campaign row's two passes (schema 4) --------------------------------------------------------------------
+
+PASSES = dict(first_pass_tflops=301.0, second_pass_tflops=299.0, runner_up_config_key=OTHER.key,
+              runner_up_first_tflops=302.5, runner_up_second_tflops=290.0)
+
+
+def test_a_row_keeps_both_passes_through_the_store_and_the_export(url, tmp_path):
+    with BestStore(url) as store:
+        store.record_best(entry(300.0, **PASSES))
+        row = store.lookup("NVIDIA H200", "sm_90", SHAPE)
+        store.export_json(tmp_path / "t.json")
+    assert {k: getattr(row, k) for k in PASSES} == PASSES
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert doc["schema_version"] == SCHEMA_VERSION == 4 and {k: doc["rows"][0][k] for k in PASSES} == PASSES
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    with BestStore(other) as fresh:
+        fresh.import_json(tmp_path / "t.json")
+        assert fresh.all_rows()[0] == row
+    with BestStore(url) as store:  # a faster row replaces it: the passes move aside with it
+        store.record_best(entry(310.0))
+        (moved,) = store.replaced_rows()
+        assert moved["second_pass_tflops"] == 299.0 and store.all_rows()[0].second_pass_tflops is None
+
+
+def test_a_version_3_table_upgrades_with_rows_without_passes(url):
+    with BestStore(url) as store:
+        _rows_of_every_kind(store)
+        store.record_best(entry(120.0, shape=LOWER_RIGHT, config=DECODE_CONFIG))
+        before, replaced = store.all_rows(), store.replaced_rows()
+    _older_schema(url, 3)
+    with sqlite3.connect(storage_url.sqlite_path(url)) as con:
+        assert "second_pass_tflops" not in {r[1] for r in con.execute(f"pragma table_info({TABLE})")}
+    with BestStore(url, read_only=True) as store:
+        assert store.all_rows() == before and all(r.second_pass_tflops is None for r in before)
+    with BestStore(url) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        assert store.all_rows() == before and store.replaced_rows() == replaced
+        store.record_best(entry(400.0, **PASSES))
+        assert store.lookup("NVIDIA H200", "sm_90", SHAPE).runner_up_config_key == OTHER.key
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"second_pass_tflops": -1.0}, "second_pass_tflops"), ({"first_pass_tflops": float("nan")}, "first_pass_tflops"),
+    ({"runner_up_config_key": "wgmma:nope=1"}, "runner_up_config_key"),
+    ({"runner_up_config_key": None}, "without runner_up_config_key")])
+def test_a_row_with_malformed_passes_is_not_used(change, message):
+    from autotune.store.best_table import row_problem
+
+    assert row_problem(entry(300.0, **PASSES)) is None
+    assert message in row_problem(entry(300.0, **{**PASSES, **change}))

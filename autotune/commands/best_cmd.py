@@ -65,15 +65,23 @@ def format_rows(rows, sources=None) -> str:
         return "no stored or shipped rows match"
     sources = sources or ["storage"] * len(rows)
     head = (f"{'gpu':<16} {'arch':<6} {'dtype':<5} {'d':>4} {'causal':<11} {'seqlen':>7} {'seqlen_k':>8} {'batch':>5} "
-            f"{'heads':>5} {'kv':>4} {'TFLOPS':>8} {'ms':>8}  {'from':<18} {'study #trial':<40} config")
+            f"{'heads':>5} {'kv':>4} {'TFLOPS':>8} {'passes':>13} {'ms':>8}  {'from':<18} {'study #trial':<40} config")
     lines = [head]
     for r, source in zip(rows, sources):
         ms = f"{r.time_ms:8.3f}" if r.time_ms is not None else f"{'-':>8}"
         origin = f"{r.study or '-'} #{r.trial if r.trial is not None else '-'}"
         lines.append(f"{r.gpu_name[:16]:<16} {r.arch:<6} {r.dtype:<5} {r.head_dim:>4} {causal_words(r):<11} "
-                     f"{r.seqlen:>7} {r.seqlen_k:>8} {r.batch:>5} {r.heads:>5} {r.kv_heads:>4} {r.tflops:8.1f} {ms}  "
+                     f"{r.seqlen:>7} {r.seqlen_k:>8} {r.batch:>5} {r.heads:>5} {r.kv_heads:>4} {r.tflops:8.1f} "
+                     f"{passes_cell(r):>13} {ms}  "
                      f"{source:<18} {origin:<40} {r.config_key}")
     return "\n".join(lines)
+
+
+def passes_cell(row) -> str:
+    """A campaign row's first / second pass figures (`--explain` adds the runner-up's); "-" without a second pass."""
+    if row.first_pass_tflops is None or row.second_pass_tflops is None:
+        return "-"
+    return f"{row.first_pass_tflops:.1f}/{row.second_pass_tflops:.1f}"
 
 
 def causal_words(row) -> str:
@@ -230,6 +238,9 @@ def run(args: argparse.Namespace) -> int:
     sources = ["storage"] * len(tables.stored) + [
         f"{name} (hidden)" if e.key in stored_keys else name for e, name in tables.shipped]
     print(format_rows(rows, sources))
+    if any(r.second_pass_tflops is not None for r in rows):
+        print("(passes: a campaign row's TFLOPS in its first pass and in the second, another process later; its "
+              "TFLOPS is their geometric mean; `--explain` adds the runner-up's)")
     for note in tables.notes:
         print(f"({note})")
     print(f"({len(tables.stored)} row(s) from storage {tables.where})")

@@ -56,6 +56,9 @@ from ..store import storage_url
 from ..store.nearest import alignment_fits, distance
 
 SOURCES = ("storage", "shipped", "nearest", "heuristic")
+# best_table.PASS_FIELDS, named here so that reading a selection costs no sqlalchemy import
+PASS_FIELDS = ("first_pass_tflops", "second_pass_tflops", "runner_up_config_key", "runner_up_first_tflops",
+               "runner_up_second_tflops")
 TIE_EPSILON = 1e-9
 
 
@@ -236,7 +239,8 @@ class Selection:
         r = self.row
         return {"table": self.origin, "study": r.study, "trial": r.trial, "tflops": r.tflops,
                 "time_ms": r.time_ms, "kernel_source_hash": r.kernel_source_hash,
-                "nvcc_version": r.nvcc_version, "created": r.created.isoformat(), "tuned_shape": r.shape.key}
+                "nvcc_version": r.nvcc_version, "created": r.created.isoformat(), "tuned_shape": r.shape.key,
+                **{f: getattr(r, f, None) for f in PASS_FIELDS}}
 
     def explain(self) -> str:
         lines = [f"{self.shape.key} on {self.gpu_name} ({self.arch}): {self.config.key}"]
@@ -252,9 +256,27 @@ class Selection:
             lines.append(f"  row: {p['tflops']:.1f} TFLOPS, study {p['study']!r} trial {p['trial']}, "
                          f"kernel sources {str(p['kernel_source_hash'])[:12]}, nvcc {p['nvcc_version']}, "
                          f"{p['created']}")
+            passes = describe_passes(self.row)
+            if passes:
+                lines.append(f"  passes: {passes}")
         lines += [f"  searched: {w}" for w in self.searched]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def describe_passes(row) -> str | None:
+    """A campaign row's two passes in words (store.best_table.PASS_FIELDS), None for a row without a second pass."""
+    first, second = getattr(row, "first_pass_tflops", None), getattr(row, "second_pass_tflops", None)
+    if first is None or second is None:
+        return None
+    text = (f"first {first:.1f}, second {second:.1f} TFLOPS (another process, later; the row's figure is their "
+            "geometric mean)")
+    key = getattr(row, "runner_up_config_key", None)
+    if key:
+        a, b = row.runner_up_first_tflops, row.runner_up_second_tflops
+        figures = f"first {a:.1f}, second {b:.1f}" if a is not None and b is not None else "figures not recorded"
+        text += f"; runner-up {key}: {figures}"
+    return text
 
 
 def _gqa_gap(a: Shape, b: Shape) -> float:

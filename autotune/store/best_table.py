@@ -20,8 +20,13 @@ migrates it (by whichever of several processes opening at once gets there first)
 TABLE ... ADD COLUMN, causal_align as a column NOT NULL DEFAULT 'upper_left' (what every older row was measured
 with) with the unique key rebuilt around it (PostgreSQL: the constraint dropped and added again; SQLite, which
 cannot alter a constraint: the table copied into a new one with every row and id, in one transaction). Old rows
-keep every value; they have no cubin hash and are upper-left. Opened read-only, an older table is read as it is
-(nothing is written), its rows without a hash and upper-left.
+keep every value; they have no cubin hash and are upper-left. Version 4 adds the two passes of a campaign
+(search/campaign_passes.py), nullable, to both tables: `first_pass_tflops` and `second_pass_tflops`, the shipped
+config's figures in the first pass (its search's finale) and in the second (another process, later), whose
+geometric mean is the row's `tflops`; and the runner-up's (the finalist next best across both passes):
+`runner_up_config_key`, `runner_up_first_tflops`, `runner_up_second_tflops`. A row stored without a second pass
+(a single search, an older row) has them null. Opened read-only, an older table is read as it is (nothing is
+written), its rows without a hash, upper-left and without passes.
 
 Export/import is reviewable JSON: rows sorted by key, keys sorted, indented; import merges row by row with the
 same keep-the-faster rule and reports what it did.
@@ -51,8 +56,10 @@ import space
 
 from . import storage_url, tables, transient
 
-SCHEMA_VERSION = 3
-ADDED_COLUMNS = {2: ("cubin_hash",), 3: ("causal_align",)}  # schema version → the columns it added (migrated on a
+SCHEMA_VERSION = 4
+PASS_FIELDS = ("first_pass_tflops", "second_pass_tflops", "runner_up_config_key", "runner_up_first_tflops",
+               "runner_up_second_tflops")
+ADDED_COLUMNS = {2: ("cubin_hash",), 3: ("causal_align",), 4: PASS_FIELDS}  # schema version → the columns it added (migrated on a
 # writable open; read-only, a column the table lacks reads as its default: ABSENT_DEFAULTS)
 KEY_COLUMNS_ADDED = {3: "causal_align"}  # added columns that are part of the unique key (the key is rebuilt)
 TABLE = "autotune_best"
@@ -64,9 +71,9 @@ EXPORT_FORMAT = "autotune-best"
 KEY_FIELDS = ("gpu_name", "arch", "dtype", "head_dim", "causal", "causal_align", "seqlen", "seqlen_k", "batch", "heads",
               "kv_heads")
 # What a row that lacks a column (an older table read read-only, an older export) means by it.
-ABSENT_DEFAULTS = {"causal_align": "upper_left", "cubin_hash": None}
+ABSENT_DEFAULTS = {"causal_align": "upper_left", "cubin_hash": None, **{f: None for f in PASS_FIELDS}}
 VALUE_FIELDS = ("family", "config_key", "config", "tflops", "time_ms", "spread_ms", "study", "trial",
-                "kernel_source_hash", "nvcc_version", "created", "cubin_hash")
+                "kernel_source_hash", "nvcc_version", "created", "cubin_hash") + PASS_FIELDS
 
 
 class StoreError(RuntimeError):
@@ -102,6 +109,12 @@ class _Columns:
     nvcc_version: Mapped[str | None] = mapped_column(String(512), nullable=True)
     created: Mapped[dt.datetime] = mapped_column(DateTime)  # naive UTC: SQLite keeps no zone
     cubin_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)  # schema 2: sha256 of the cubin timed
+    # schema 4: a campaign's two passes (module docstring)
+    first_pass_tflops: Mapped[float | None] = mapped_column(Float, nullable=True)
+    second_pass_tflops: Mapped[float | None] = mapped_column(Float, nullable=True)
+    runner_up_config_key: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    runner_up_first_tflops: Mapped[float | None] = mapped_column(Float, nullable=True)
+    runner_up_second_tflops: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class _BestRow(_Columns, _Base):
@@ -165,6 +178,12 @@ class BestEntry:
     created: dt.datetime = field(default_factory=utcnow)
     cubin_hash: str | None = None  # sha256 (hex) of the cubin the row was measured with; None for older rows
     causal_align: str = "upper_left"  # part of the key (KEY_FIELDS); space.canonical_align keeps one spelling
+    # A campaign's two passes (module docstring); None for a row stored without a second pass.
+    first_pass_tflops: float | None = None
+    second_pass_tflops: float | None = None
+    runner_up_config_key: str | None = None
+    runner_up_first_tflops: float | None = None
+    runner_up_second_tflops: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.tflops, (int, float)) or not math.isfinite(self.tflops) or self.tflops <= 0:
@@ -287,6 +306,17 @@ def row_problem(e: BestEntry) -> str | None:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (
                 low == "positive" and v == 0):
             return f"{name}: expected a {low} finite number, got {v!r}"
+    for name in ("first_pass_tflops", "second_pass_tflops", "runner_up_first_tflops", "runner_up_second_tflops"):
+        v = getattr(e, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+            return f"{name}: expected a positive finite number or null, got {v!r}"
+    if e.runner_up_config_key is not None:
+        try:
+            parse_config_key(e.runner_up_config_key)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            return f"runner_up_config_key {e.runner_up_config_key!r} not understood: {err}"
+    elif e.runner_up_first_tflops is not None or e.runner_up_second_tflops is not None:
+        return "runner_up_first_tflops/runner_up_second_tflops: given without runner_up_config_key"
     if e.trial is not None and (isinstance(e.trial, bool) or not isinstance(e.trial, int) or e.trial < 0):
         return f"trial: expected a trial number, got {e.trial!r}"
     if e.cubin_hash is not None and not (isinstance(e.cubin_hash, str) and re.fullmatch(r"[0-9a-f]{64}", e.cubin_hash)):
