@@ -131,7 +131,8 @@ class _Guarded:
 
 def sdpa_mask_kwargs(shape: Shape) -> dict:
     """SDPA's arguments for the shape's mask: is_causal (top-left), or torch's CausalBias for a lower-right shape
-    (which SDPA's flash and efficient backends take as such, without materialising a mask)."""
+    (which runs FlashAttention's own lower-right mask where it can, else the efficient kernel, without
+    materialising a mask; it chooses the kernel itself, whatever sdpa_kernel says)."""
     if shape.lower_right:
         from torch.nn.attention.bias import causal_lower_right
 

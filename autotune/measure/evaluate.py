@@ -139,6 +139,11 @@ def sdpa_baseline(shape: Shape, backend: str, layout: str = "bhnd", warmup_ms: f
 
     if backend not in SDPA_BACKENDS:
         raise ValueError(f"backend: expected one of {sorted(SDPA_BACKENDS)}, got {backend!r}")
+    if shape.lower_right and backend != "flash":
+        # torch's CausalBias picks its own kernel for a lower-right mask (flash where it can, whatever sdpa_kernel
+        # asks for): another backend's row would time flash under that backend's name
+        raise BackendUnavailable(f"sdpa {backend}: a lower-right causal mask runs through torch's CausalBias, which "
+                                 "picks the flash kernel itself; only the flash row is timed for it")
     q, k, v = make_inputs(shape, layout, seed=0)
     kwargs = sdpa_mask_kwargs(shape)
     if shape.kv_heads != shape.heads:

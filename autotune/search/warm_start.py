@@ -1,7 +1,8 @@
 """Warm start: the configs a fresh study of a shape tries first, taken from the shapes already tuned nearby.
 
 Neighbours are the best-per-shape rows (store/best_table.py) on the same GPU, arch, dtype, head_dim and causal
-flag (those decide which configs are valid at all), ranked by the runtime's nearest-neighbour metric
+flag (those decide which configs are valid at all) and a fitting causal alignment (store.nearest.alignment_fits: a
+lower-right decode row is no neighbour of an upper-left one of Nq != Nk, nor the other way round), ranked by the runtime's nearest-neighbour metric
 (store.nearest.distance: log2 seqlen and log2 batch·heads, so seqlen 2048 → 4096 is a distance of 1). The
 choice, up to `k` configs:
 
