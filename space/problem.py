@@ -8,6 +8,33 @@ DTYPES = ("fp16", "bf16")
 # Such shapes are memory-bound and get their own defaults; tuned rows of one kind never stand in for the other.
 DECODE_MAX_QUERIES = 16
 HEAD_DIMS = (64, 128, 256)
+# Where a causal mask is aligned (a run-time choice: one causal cubin serves both): "upper_left", query i sees keys
+# j <= i (SDPA's is_causal), or "lower_right", j <= i + Nk - Nq (FlashAttention's and PyTorch's causal_lower_right,
+# what decode with several new tokens and chunked prefill need). They agree when Nq == Nk.
+CAUSAL_ALIGNS = ("upper_left", "lower_right")
+
+
+def canonical_align(causal: bool, causal_align: str, seqlen_q: int, seqlen_k: int) -> str:
+    """The alignment a shape is keyed by: "upper_left" when it makes no difference (not causal, or Nq == Nk), so the
+    two spellings of one function are one key."""
+    if causal_align not in CAUSAL_ALIGNS:
+        raise ValueError(f"causal_align: expected one of {CAUSAL_ALIGNS}, got {causal_align!r}")
+    return causal_align if causal and seqlen_q != seqlen_k else "upper_left"
+
+
+def causal_mask(value) -> tuple[bool, str]:
+    """(causal, causal_align) of a file's or a caller's `causal` value, spelled as autotune.attention takes it:
+    false, true (= "upper_left") or an alignment of CAUSAL_ALIGNS. ValueError names `causal`."""
+    if isinstance(value, bool):
+        return value, "upper_left"
+    if isinstance(value, str) and value in CAUSAL_ALIGNS:
+        return True, value
+    raise ValueError(f"causal: expected true, false or one of {', '.join(map(repr, CAUSAL_ALIGNS))}, got {value!r}")
+
+
+def causal_value(shape: "Shape"):
+    """The `causal` value that spells shape's mask: False, True (upper-left) or "lower_right" (causal_mask's inverse)."""
+    return "lower_right" if shape.lower_right else shape.causal
 
 
 @dataclass(frozen=True)
@@ -50,6 +77,7 @@ class Shape:
     dtype: str = "fp16"
     causal: bool = False
     kv_heads: int | None = None
+    causal_align: str = "upper_left"  # CAUSAL_ALIGNS; kept as "upper_left" where it makes no difference
 
     def __post_init__(self):
         if self.seqlen_k is None:
@@ -63,10 +91,17 @@ class Shape:
         if self.heads % self.kv_heads:
             raise ValueError(f"kv_heads: must divide heads ({self.heads}), got {self.kv_heads}")
         Problem(self.head_dim, self.dtype, self.causal)  # validates the rest
+        object.__setattr__(self, "causal_align",
+                           canonical_align(self.causal, self.causal_align, self.seqlen_q, self.seqlen_k))
 
     @property
     def problem(self) -> Problem:
         return Problem(self.head_dim, self.dtype, self.causal)
+
+    @property
+    def lower_right(self) -> bool:
+        """A causal mask aligned to the end of the keys, for Nq != Nk (where the alignment matters)."""
+        return self.causal_align == "lower_right"
 
     @property
     def is_decode(self) -> bool:
@@ -79,7 +114,8 @@ class Shape:
 
     @property
     def flops(self) -> float:
-        """Matmul FLOPs of the forward pass (4·B·H·Nq·Nk·D), halved for causal as is customary."""
+        """Matmul FLOPs of the forward pass (4·B·H·Nq·Nk·D), halved for causal as is customary (either alignment:
+        one figure per shape, as peers report it)."""
         f = 4.0 * self.batch * self.heads * self.seqlen_q * self.seqlen_k * self.head_dim
         return f / 2 if self.causal else f
 
@@ -90,4 +126,5 @@ class Shape:
     def key(self) -> str:
         kv = f"-kv{self.kv_heads}" if self.kv_heads != self.heads else ""
         sk = f"-k{self.seqlen_k}" if self.seqlen_k != self.seqlen_q else ""
-        return f"b{self.batch}-h{self.heads}{kv}-n{self.seqlen_q}{sk}-{self.problem.key}"
+        lr = "-lower-right" if self.lower_right else ""  # upper-left keys are what they were before alignments
+        return f"b{self.batch}-h{self.heads}{kv}-n{self.seqlen_q}{sk}-{self.problem.key}{lr}"

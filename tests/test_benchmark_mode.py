@@ -4,6 +4,7 @@ row recorded as benchmarked, found by the next process and said by `autotune bes
 of the shape's bucket winning over it."""
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -139,7 +140,7 @@ def stand_ins(monkeypatch):
     times = {CFG_A: 3e-4, CFG_B: 2e-4, DEFAULT: 5e-4}
     timed = []
 
-    def timer(plan, q, k, v, scale, arch):
+    def timer(plan, q, k, v, scale, arch, causal_align="upper_left"):
         def time_config(config, share):
             timed.append(config)
             return (times[config], 1e-6) if config in times else None
@@ -243,7 +244,7 @@ def test_attention_asks_benchmark_mode_only_when_it_is_on(monkeypatch):
     monkeypatch.setattr(op, "check_inputs", lambda q, k, v, require_cuda=True: validate_inputs(
         q, k, v, q, require_cuda=False))
     monkeypatch.setattr(runtime, "resolve", lambda device, shape, url: plan)
-    monkeypatch.setattr(bench, "plan", lambda p, q, k, v, scale, url: asked.append(p) or p)
+    monkeypatch.setattr(bench, "plan", lambda p, q, k, v, scale, url, causal_align="upper_left": asked.append(p) or p)
     q, k = tensors()
     for enabled in (False, True):
         monkeypatch.setattr(bench, "settings", bench.Settings(enabled=enabled))
@@ -264,3 +265,60 @@ def test_one_measurement_serves_the_bucket_in_this_process_and_the_next(db, stan
     assert (again.source, again.config, again.row.seqlen_k) == ("storage", CFG_B, 4200)
     with BestStore(db, read_only=True) as s:  # recorded under the measured shape's own key
         assert s.lookup(GPU, ARCH.name, later) is None and s.lookup(GPU, ARCH.name, first) is not None
+
+
+# ---- the call's causal alignment reaches every timed candidate ------------------------------------------------
+
+CAUSAL = space.Problem(head_dim=128, dtype="bf16", causal=True)
+LR = space.Shape(batch=32, heads=32, kv_heads=8, seqlen_q=4, seqlen_k=4096, head_dim=128, dtype="bf16", causal=True,
+                 causal_align="lower_right")
+LR_A = space.default_config(CAUSAL, ARCH, "mma_sync").replace(br=64, bc=64, warps_m=4)
+LR_B = space.default_config(CAUSAL, ARCH, "mma_sync").replace(br=128, bc=32, warps_m=8)
+UL_C = space.default_config(CAUSAL, ARCH, "mma_sync").replace(kv_buffering="shared")
+
+
+def test_candidates_are_timed_with_the_calls_causal_alignment(tmp_path, monkeypatch):
+    # A lower-right decode step (4 new tokens) with two lower-right neighbours and one upper-left row of its own
+    # sizes. Timing a candidate upper-left would time a kernel that skips almost the whole cache.
+    import autotune.launch.loader
+
+    url = f"sqlite:///{tmp_path / 'user.db'}"
+    with BestStore(url) as s:
+        for nk, config in ((2048, LR_A), (16384, LR_B)):
+            s.record_best(row(dataclasses.replace(LR, seqlen_k=nk), config))
+        s.record_best(row(dataclasses.replace(LR, causal_align="upper_left"), UL_C))  # another mask: no candidate
+    prepared, seconds = [], {LR_A: 3e-4, LR_B: 2e-4}
+
+    class Launch:
+        extra_args, combine = (), None
+
+        def __init__(self, config, causal_align):
+            self.config, self.causal_align = config, causal_align
+
+    class Runner(FakeRunner):
+        def prepare(self, q, k, v, o, lse=None, scale=None, causal_align="upper_left"):
+            prepared.append((self.config, causal_align))
+            return Launch(self.config, causal_align)
+
+    monkeypatch.setattr(runtime, "device_info", lambda device: (GPU, ARCH))
+    monkeypatch.setattr(runtime, "build", lambda config, problem, arch, trusted=None: FakeBuild(config))
+    monkeypatch.setattr(runtime, "builder", lambda arch: FakeBuilder())
+    monkeypatch.setattr(autotune.launch.loader, "KernelRunner", Runner)
+    monkeypatch.setattr(bench, "is_built", lambda config, problem, arch: True)
+    monkeypatch.setattr(bench, "_time_launch", lambda launch, device, share: (seconds.get(launch.config, 5e-4), 1e-6))
+    monkeypatch.setattr(bench, "settings", bench.Settings(enabled=True))
+    selection = runtime.select_config(LR, GPU, ARCH, url, tables_dir=None)
+    assert selection.source == "nearest" and selection.row.causal_align == "lower_right"
+    guessed = Runner(FakeBuild(selection.config))
+    monkeypatch.setattr(runtime, "resolve", lambda device, shape, u: runtime.Plan(selection, guessed, None))
+    monkeypatch.setattr(op, "check_inputs", lambda q, k, v, require_cuda=True: validate_inputs(
+        q, k, v, q, require_cuda=False))
+    q, k = tensors(LR)
+    launcher = op._new_launcher(q, k, k, "lower_right", None, False, url)
+    timed = [config for config, _ in prepared[:-1]]
+    assert UL_C not in timed and {LR_A, LR_B} <= set(timed)
+    assert {align for _, align in prepared} == {"lower_right"}  # every candidate, and the launch that runs
+    assert launcher.plan.runner.config == LR_B
+    with BestStore(url, read_only=True) as s:  # recorded under the lower-right key, not over the upper-left row
+        assert s.lookup(GPU, ARCH.name, LR).config_key == LR_B.key
+        assert s.lookup(GPU, ARCH.name, dataclasses.replace(LR, causal_align="upper_left")).config_key == UL_C.key

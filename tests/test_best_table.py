@@ -13,6 +13,7 @@ import pytest
 import space
 from autotune.store import storage_url
 from autotune.store.best_table import SCHEMA_VERSION, TABLE, BestEntry, BestStore, StoreError
+from pg_server import pg_server, postgres_url  # noqa: F401  (pytest fixtures: the PostgreSQL upgrade test)
 
 SHAPE = space.Shape(batch=4, heads=16, seqlen_q=4096, head_dim=128)
 CONFIG = space.default_config(SHAPE.problem, space.get_arch("sm_90"))
@@ -259,12 +260,28 @@ def test_refuses_a_newer_schema(url):
 HASH = "ab" * 32
 
 
-def _as_version_1(url: str) -> None:
-    """Make the table at `url` what schema version 1 wrote: no cubin_hash column, schema row 1."""
+def _older_schema(url: str, version: int) -> None:
+    """Make the tables at `url` (SQLite) what schema `version` wrote: without the columns later versions added (nor
+    them in the unique key), schema row `version`; every row and id kept."""
+    from autotune.store.best_table import ADDED_COLUMNS
+
+    dropped = [c for v, cols in ADDED_COLUMNS.items() if v > version for c in cols]
     with sqlite3.connect(storage_url.sqlite_path(url)) as con:
         for table in (TABLE, f"{TABLE}_replaced"):
-            con.execute(f"alter table {table} drop column cubin_hash")
-        con.execute("update autotune_meta set value='1' where key=?", (f"{TABLE}.schema_version",))
+            sql = con.execute("select sql from sqlite_master where name=?", (table,)).fetchone()[0]
+            for c in dropped:
+                sql = re.sub(rf"\n\s*{c} [^\n]*,", "", sql).replace(f", {c}", "")
+            assert all(c not in sql for c in dropped), sql
+            kept = [r[1] for r in con.execute(f"pragma table_info({table})") if r[1] not in dropped]
+            con.execute(sql.replace(f"CREATE TABLE {table} ", "CREATE TABLE old_schema ", 1))
+            con.execute(f"insert into old_schema select {', '.join(kept)} from {table}")
+            con.execute(f"drop table {table}")
+            con.execute(f"alter table old_schema rename to {table}")
+        con.execute("update autotune_meta set value=? where key=?", (str(version), f"{TABLE}.schema_version"))
+
+
+def _as_version_1(url: str) -> None:
+    _older_schema(url, 1)
 
 
 def test_a_version_1_table_reads_as_it_is_and_migrates_when_opened_for_writing(url):
@@ -280,7 +297,7 @@ def test_a_version_1_table_reads_as_it_is_and_migrates_when_opened_for_writing(u
     with sqlite3.connect(storage_url.sqlite_path(url)) as con:
         assert "cubin_hash" not in {r[1] for r in con.execute(f"pragma table_info({TABLE})")}  # still version 1
     with BestStore(url) as store:  # a search storing its winner: migrated, old rows kept as they were
-        assert store.schema_version == SCHEMA_VERSION == 2
+        assert store.schema_version == SCHEMA_VERSION
         assert store.all_rows() == [old]
         store.record_best(entry(320.0, cubin_hash=HASH))
         (new,) = store.all_rows()
@@ -341,3 +358,205 @@ def test_sqlite_helpers(tmp_path):
     assert storage_url.sqlite_path("sqlite://") is None and storage_url.sqlite_path("sqlite:///:memory:") is None
     assert storage_url.sqlite_path("postgresql://u:secret@host/db") is None
     assert "secret" not in storage_url.describe("postgresql://u:secret@host/db")
+
+
+# ---- causal alignment in the key (schema 3) -------------------------------------------------------------------
+
+DECODE = space.Shape(batch=32, heads=32, kv_heads=8, seqlen_q=4, seqlen_k=4096, head_dim=128, dtype="bf16",
+                     causal=True)
+LOWER_RIGHT = dataclasses.replace(DECODE, causal_align="lower_right")
+DECODE_CONFIG = space.default_config_for_shape(DECODE, space.get_arch("sm_90"))
+
+
+def test_the_alignment_is_part_of_the_shape_key_only_where_it_changes_the_function():
+    assert LOWER_RIGHT != DECODE and LOWER_RIGHT.key == DECODE.key + "-lower-right"
+    assert DECODE.key == "b32-h32-kv8-n4-k4096-d128-bf16-causal"  # upper-left keys (study names) as before
+    square = space.Shape(seqlen_q=512, causal=True, causal_align="lower_right")
+    assert square == space.Shape(seqlen_q=512, causal=True) and square.causal_align == "upper_left"
+    unmasked = space.Shape(seqlen_q=4, seqlen_k=4096, causal_align="lower_right")
+    assert unmasked == space.Shape(seqlen_q=4, seqlen_k=4096)
+    with pytest.raises(ValueError, match="causal_align"):
+        space.Shape(seqlen_q=4, seqlen_k=64, causal=True, causal_align="bottom_right")
+
+
+def test_entries_key_by_alignment_and_keep_one_spelling_for_square_shapes():
+    lr = entry(300.0, shape=LOWER_RIGHT, config=DECODE_CONFIG)
+    ul = entry(300.0, shape=DECODE, config=DECODE_CONFIG)
+    assert lr.causal_align == "lower_right" and lr.key != ul.key and lr.shape == LOWER_RIGHT
+    square = dataclasses.replace(entry(300.0, shape=dataclasses.replace(SHAPE, causal=True)), causal_align="lower_right")
+    assert square.causal_align == "upper_left"
+    with pytest.raises(ValueError, match="causal_align"):
+        dataclasses.replace(lr, causal_align="lower-right")
+
+
+def test_both_alignments_of_one_shape_are_two_rows(url):
+    with BestStore(url) as store:
+        assert store.record_best(entry(300.0, shape=DECODE, config=DECODE_CONFIG)).action == "inserted"
+        assert store.record_best(entry(100.0, shape=LOWER_RIGHT, config=DECODE_CONFIG)).action == "inserted"
+        assert store.lookup("NVIDIA H200", "sm_90", LOWER_RIGHT).tflops == 100.0
+        assert store.lookup("NVIDIA H200", "sm_90", DECODE).tflops == 300.0
+        assert [r.causal_align for r in store.all_rows(causal_align="lower_right")] == ["lower_right"]
+
+
+def test_export_carries_the_alignment_and_an_older_export_reads_as_upper_left(url, tmp_path):
+    with BestStore(url) as store:
+        store.record_best(entry(300.0, shape=LOWER_RIGHT, config=DECODE_CONFIG))
+        store.export_json(tmp_path / "t.json")
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert doc["rows"][0]["causal_align"] == "lower_right"
+    del doc["rows"][0]["causal_align"]  # what schema 2 wrote: no such field
+    doc["schema_version"] = 2
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    from autotune.store.best_table import read_export
+
+    (old,) = read_export(tmp_path / "old.json").entries
+    assert old.causal_align == "upper_left" and old.shape == DECODE
+    doc["rows"][0]["causal_align"] = "bottom_right"
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    assert "causal_align" in read_export(tmp_path / "bad.json").skipped[0]
+
+
+def _rows_of_every_kind(store) -> None:
+    store.record_best(entry(300.0))                                          # unmasked, Nq == Nk
+    store.record_best(entry(280.0, shape=dataclasses.replace(SHAPE, causal=True)))  # causal square
+    store.record_best(entry(90.0, shape=DECODE, config=DECODE_CONFIG, cubin_hash=HASH))  # causal, Nq != Nk
+    store.record_best(entry(95.0, shape=DECODE, config=DECODE_CONFIG))       # 90 moved to the replaced table
+
+
+def test_a_version_2_table_upgrades_with_every_row_upper_left_and_then_takes_lower_right_rows(url):
+    with BestStore(url) as store:
+        _rows_of_every_kind(store)
+        before, replaced = store.all_rows(), store.replaced_rows()
+    _older_schema(url, 2)
+    with sqlite3.connect(storage_url.sqlite_path(url)) as con:
+        ids = con.execute(f"select id, seqlen, causal from {TABLE} order by id").fetchall()
+        assert "causal_align" not in {r[1] for r in con.execute(f"pragma table_info({TABLE})")}
+    with BestStore(url, read_only=True) as store:  # read as it is: upper-left rows, nothing written
+        assert store.all_rows() == before and store.replaced_rows() == replaced
+        assert store.lookup("NVIDIA H200", "sm_90", DECODE).tflops == 95.0
+        assert store.lookup("NVIDIA H200", "sm_90", LOWER_RIGHT) is None  # never an upper-left row
+        assert store.all_rows(causal_align="lower_right") == [] and len(store.all_rows(causal_align="upper_left")) == 3
+    with BestStore(url) as store:  # opened for writing: migrated, every row and id kept
+        assert store.schema_version == SCHEMA_VERSION
+        assert store.all_rows() == before and store.replaced_rows() == replaced
+        assert store.record_best(entry(120.0, shape=LOWER_RIGHT, config=DECODE_CONFIG)).action == "inserted"
+        assert store.record_best(entry(96.0, shape=DECODE, config=DECODE_CONFIG)).action == "replaced"
+        assert len(store.all_rows()) == 4
+    with sqlite3.connect(storage_url.sqlite_path(url)) as con:
+        assert con.execute(f"select id, seqlen, causal from {TABLE} where id <= ? order by id",
+                           (ids[-1][0],)).fetchall() == ids
+        assert not con.execute("select name from sqlite_master where name like '%rebuilt%'").fetchall()
+
+
+def test_a_version_1_table_upgrades_through_both_versions(url):
+    with BestStore(url) as store:
+        _rows_of_every_kind(store)
+        before = store.all_rows()
+    _older_schema(url, 1)
+    with BestStore(url) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        assert [dataclasses.replace(r, cubin_hash=None) for r in before] == store.all_rows()
+        assert store.record_best(entry(120.0, shape=LOWER_RIGHT, config=DECODE_CONFIG)).action == "inserted"
+
+
+def test_processes_opening_a_version_2_table_at_once_migrate_it_once(url):
+    import threading
+
+    with BestStore(url) as store:
+        _rows_of_every_kind(store)
+        before = store.all_rows()
+    _older_schema(url, 2)
+    barrier, errors = threading.Barrier(4), []
+
+    def open_it():
+        try:
+            barrier.wait()
+            with BestStore(url) as store:
+                assert store.schema_version == SCHEMA_VERSION and store.all_rows() == before
+        except Exception as e:  # noqa: BLE001  (reported by the test)
+            errors.append(f"{type(e).__name__}: {e}")
+    threads = [threading.Thread(target=open_it) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    with BestStore(url) as store:
+        assert store.record_best(entry(120.0, shape=LOWER_RIGHT, config=DECODE_CONFIG)).action == "inserted"
+
+
+def test_a_version_2_table_upgrades_on_postgresql(postgres_url):
+    from sqlalchemy import create_engine, text
+
+    with BestStore(postgres_url) as store:
+        _rows_of_every_kind(store)
+        before, replaced = store.all_rows(), store.replaced_rows()
+    engine = create_engine(postgres_url)
+    with engine.begin() as con:  # what schema 2 made: no causal_align, the key without it
+        con.execute(text(f"alter table {TABLE} drop constraint uq_{TABLE}_shape"))
+        for table in (TABLE, f"{TABLE}_replaced"):
+            con.execute(text(f"alter table {table} drop column causal_align"))
+        con.execute(text(f"alter table {TABLE} add constraint uq_{TABLE}_shape unique (gpu_name, arch, dtype, "
+                         "head_dim, causal, seqlen, seqlen_k, batch, heads, kv_heads)"))
+        con.execute(text(f"update autotune_meta set value='2' where key='{TABLE}.schema_version'"))
+    engine.dispose()
+    with BestStore(postgres_url, read_only=True) as store:
+        assert store.all_rows() == before and store.lookup("NVIDIA H200", "sm_90", LOWER_RIGHT) is None
+    with BestStore(postgres_url) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        assert store.all_rows() == before and store.replaced_rows() == replaced
+        assert store.record_best(entry(120.0, shape=LOWER_RIGHT, config=DECODE_CONFIG)).action == "inserted"
+    with BestStore(postgres_url) as store:  # opened again: nothing left to migrate
+        assert len(store.all_rows()) == 4
+
+
+# ---- a campaign row's two passes (schema 4) --------------------------------------------------------------------
+
+PASSES = dict(first_pass_tflops=301.0, second_pass_tflops=299.0, runner_up_config_key=OTHER.key,
+              runner_up_first_tflops=302.5, runner_up_second_tflops=290.0)
+
+
+def test_a_row_keeps_both_passes_through_the_store_and_the_export(url, tmp_path):
+    with BestStore(url) as store:
+        store.record_best(entry(300.0, **PASSES))
+        row = store.lookup("NVIDIA H200", "sm_90", SHAPE)
+        store.export_json(tmp_path / "t.json")
+    assert {k: getattr(row, k) for k in PASSES} == PASSES
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert doc["schema_version"] == SCHEMA_VERSION == 4 and {k: doc["rows"][0][k] for k in PASSES} == PASSES
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    with BestStore(other) as fresh:
+        fresh.import_json(tmp_path / "t.json")
+        assert fresh.all_rows()[0] == row
+    with BestStore(url) as store:  # a faster row replaces it: the passes move aside with it
+        store.record_best(entry(310.0))
+        (moved,) = store.replaced_rows()
+        assert moved["second_pass_tflops"] == 299.0 and store.all_rows()[0].second_pass_tflops is None
+
+
+def test_a_version_3_table_upgrades_with_rows_without_passes(url):
+    with BestStore(url) as store:
+        _rows_of_every_kind(store)
+        store.record_best(entry(120.0, shape=LOWER_RIGHT, config=DECODE_CONFIG))
+        before, replaced = store.all_rows(), store.replaced_rows()
+    _older_schema(url, 3)
+    with sqlite3.connect(storage_url.sqlite_path(url)) as con:
+        assert "second_pass_tflops" not in {r[1] for r in con.execute(f"pragma table_info({TABLE})")}
+    with BestStore(url, read_only=True) as store:
+        assert store.all_rows() == before and all(r.second_pass_tflops is None for r in before)
+    with BestStore(url) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        assert store.all_rows() == before and store.replaced_rows() == replaced
+        store.record_best(entry(400.0, **PASSES))
+        assert store.lookup("NVIDIA H200", "sm_90", SHAPE).runner_up_config_key == OTHER.key
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"second_pass_tflops": -1.0}, "second_pass_tflops"), ({"first_pass_tflops": float("nan")}, "first_pass_tflops"),
+    ({"runner_up_config_key": "wgmma:nope=1"}, "runner_up_config_key"),
+    ({"runner_up_config_key": None}, "without runner_up_config_key")])
+def test_a_row_with_malformed_passes_is_not_used(change, message):
+    from autotune.store.best_table import row_problem
+
+    assert row_problem(entry(300.0, **PASSES)) is None
+    assert message in row_problem(entry(300.0, **{**PASSES, **change}))

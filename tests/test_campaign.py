@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -144,6 +145,9 @@ def test_campaign_files_toml_json_yaml_and_their_errors(tmp_path):
         (expected[0].shape, 10, "random", 2), (expected[1].shape, 60, "random", 2)]
 
     for bad, message in ((["x"], r"shapes\[0\]: expected a table"), ({"shapes": []}, "non-empty"),
+                         ([{"seqlen": 4, "seqlen_k": 64, "causal": "bottom_right"}],
+                          r"shapes\[0\]: causal: expected true, false or one of 'upper_left', 'lower_right'"),
+                         ([{"causal": 1}], r"shapes\[0\]: causal: expected"),
                          ([{"seqlen": 1, "speed": 2}], r"unknown key\(s\) \['speed'\]"),
                          ([{"seqlen": 0}], r"shapes\[0\]: seqlen_q: expected a positive integer"),
                          ([{"trials": "many"}], r"shapes\[0\]: trials: expected an integer"),
@@ -174,3 +178,24 @@ def test_search_with_several_seqlens_is_a_campaign(env, capsys):
     assert "repeated" in capsys.readouterr().err
     assert main(["search", "--seqlen", "256", "512", "--study", "x", *common]) == 2
     assert "--study names one study" in capsys.readouterr().err
+
+
+def test_a_campaign_shape_takes_causal_as_attention_does():
+    toml = ('[[shapes]]\nseqlen = 4\nseqlen_k = 4096\ncausal = "lower_right"\n'
+            '[[shapes]]\nseqlen = 4\nseqlen_k = 4096\ncausal = true\n'
+            '[[shapes]]\nseqlen = 4\nseqlen_k = 4096\ncausal = "upper_left"\n')
+    import tomllib
+
+    with pytest.raises(campaign.CampaignError, match=r"shapes\[2\] repeats shapes\[1\]"):  # one mask, one shape
+        campaign.parse(tomllib.loads(toml))
+    lr, ul = (e.shape for e in campaign.parse(tomllib.loads(toml.rsplit("[[shapes]]", 1)[0])))
+    assert (lr.causal, lr.causal_align, ul.causal, ul.causal_align) == (True, "lower_right", True, "upper_left")
+    square = campaign.parse([{"seqlen": 64, "causal": "lower_right"}])[0].shape
+    assert square == Shape(seqlen_q=64, causal=True)
+
+
+def test_the_decode_campaign_tunes_its_speculative_rows_lower_right():
+    entries = campaign.load(Path(__file__).parents[1] / "studies" / "campaigns" / "h200-decode.toml")
+    few = [e.shape for e in entries if e.shape.seqlen_q > 1]
+    assert few and all(s.causal and s.causal_align == "lower_right" for s in few)
+    assert all(not e.shape.causal for e in entries if e.shape.seqlen_q == 1)  # one query: every key, no mask

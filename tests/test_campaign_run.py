@@ -172,6 +172,15 @@ def test_the_second_pass_retimes_the_finalists_in_another_process_and_ships_the_
     with BestStore(env["url"]) as store:
         row = store.lookup(search_doubles.GPU_NAME, "sm_80", S1)
     assert row.config_key == RUNNER_UP.key and row.tflops == pytest.approx(result.shipped.figure)
+    # the row itself records both passes, the shipped config's and the runner-up's
+    assert (row.first_pass_tflops, row.second_pass_tflops) == pytest.approx((f(RUNNER_UP), 1.3 * f(RUNNER_UP)))
+    assert row.runner_up_config_key == WIN.key
+    assert (row.runner_up_first_tflops, row.runner_up_second_tflops) == pytest.approx((f(WIN), f(WIN)))
+    export = env["tmp"] / "tuned.json"
+    assert main(["export", str(export), "--storage", env["url"]]) == 0
+    (exported,) = json.loads(export.read_text())["rows"]
+    assert exported["second_pass_tflops"] == pytest.approx(1.3 * f(RUNNER_UP))
+    assert exported["runner_up_config_key"] == WIN.key
     import optuna
 
     study = optuna.load_study(study_name=campaign_run.study_name(plans[0], done.gpu_name), storage=env["url"])

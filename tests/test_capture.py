@@ -3,6 +3,7 @@ several writers on one file (no repeated shape), a killed process (no lost shape
 lookup finding a bucket's row."""
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import signal
@@ -73,6 +74,18 @@ def test_the_capture_file_is_a_campaign_of_the_buckets_with_their_counts(tmp_pat
                 space.Shape(batch=4, heads=32, kv_heads=8, seqlen_q=1, seqlen_k=5120, head_dim=128, dtype="bf16")]
     assert [e.shape for e in entries] == expected
     assert cap.read(path) == list(zip(expected, [3, 7, 3]))
+
+
+def test_a_lower_right_call_is_captured_as_a_lower_right_campaign_shape(tmp_path):
+    path = tmp_path / "shapes.toml"
+    with cap.capture(path):
+        cap.record(*qk(n=4, nk=4000), causal="lower_right")   # speculative decoding: 4 new tokens
+        cap.record(*qk(n=4, nk=4000), causal=True)            # the same sizes top-left: another shape
+    assert 'causal = "lower_right"' in path.read_text()
+    lr = space.Shape(batch=4, heads=32, kv_heads=8, seqlen_q=4, seqlen_k=4096, head_dim=128, dtype="bf16",
+                     causal=True, causal_align="lower_right")
+    assert [e.shape for e in campaign.load(path)] == [lr, dataclasses.replace(lr, causal_align="upper_left")]
+    assert [n for _, n in cap.read(path)] == [1, 1]
 
 
 def test_counts_are_written_at_powers_of_two_and_exactly_at_the_end(tmp_path):

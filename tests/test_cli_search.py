@@ -138,3 +138,43 @@ def test_import_and_export_errors(env, capsys, tmp_path):
     assert "cannot read" in capsys.readouterr().err
     assert main(["best", "--storage", env["url"], "--arch", "sm_7"]) == 2
     assert "arch" in capsys.readouterr().err
+
+
+def test_causal_lower_right_is_a_shape_of_its_own_and_causal_alone_is_upper_left():
+    import argparse
+
+    import space
+    from autotune.commands import search_cmd
+
+    parser = argparse.ArgumentParser()
+    search_cmd.add_shape_arguments(parser)
+    decode = ["--seqlen", "4", "--seqlen-k", "4096", "--kv-heads", "4"]
+    for flags, causal, align in ((["--causal"], True, "upper_left"), (["--causal", "upper_left"], True, "upper_left"),
+                                 (["--causal", "lower_right"], True, "lower_right"), ([], False, "upper_left")):
+        shape = search_cmd.shape_from_args(parser.parse_args(decode + flags))
+        assert (shape.causal, shape.causal_align) == (causal, align), flags
+    # --causal before another flag takes no value from it
+    shape = search_cmd.shape_from_args(parser.parse_args(["--causal", *decode]))
+    assert (shape.causal, shape.causal_align, shape.seqlen_q) == (True, "upper_left", 4)
+    lower_right = search_cmd.shape_from_args(parser.parse_args(decode + ["--causal", "lower_right"]))
+    assert lower_right.key == "b4-h16-kv4-n4-k4096-d128-fp16-causal-lower-right"
+    from autotune.search.study import default_study_name
+
+    assert default_study_name("NVIDIA H200", lower_right).endswith("-causal-lower-right")
+    square = search_cmd.shape_from_args(parser.parse_args(["--seqlen", "512", "--causal", "lower_right"]))
+    assert square == space.Shape(seqlen_q=512, causal=True)  # one mask: one shape, one study
+
+
+def test_a_misspelt_alignment_is_an_error_naming_causal(env, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["search", *SHAPE_ARGS, *env["common"], "--causal", "bottom_right"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --causal" in err and "'bottom_right'" in err and "lower_right" in err
+
+
+def test_a_replay_refuses_another_alignment_naming_causal(capsys):
+    landscape = sorted(__import__("pathlib").Path("studies/landscapes").glob("*causal*.json"))[0]
+    assert main(["search", "--replay", str(landscape), "--causal", "lower_right", "--seqlen-k", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "--causal lower_right" in err and "cannot be replayed" in err

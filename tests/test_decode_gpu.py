@@ -130,3 +130,23 @@ def test_bench_and_the_search_summary_show_time_and_kv_read_rate_for_decode():
     assert "TB/s" not in table(rows)  # prefill: TFLOPS only
     assert shape.is_decode and not Shape(seqlen_q=17, seqlen_k=4096).is_decode
     assert shape.kv_bytes == 2 * 32 * 8 * 4096 * 128 * 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_HOPPER, reason="needs a Hopper (sm_90) GPU")
+def test_the_search_checks_and_times_a_lower_right_shape_with_its_own_mask(tmp_path_factory):
+    # A speculative-decoding step (4 new tokens against 4096 keys): the search's evaluator must check and time the
+    # lower-right mask (each token sees ~every key), not top-left (each sees at most 4 keys: far less work).
+    import dataclasses
+
+    from autotune.measure.child_process import Evaluator
+
+    lower_right = Shape(batch=32, heads=32, kv_heads=8, seqlen_q=4, seqlen_k=4096, dtype="bf16", causal=True,
+                        causal_align="lower_right")
+    upper_left = dataclasses.replace(lower_right, causal_align="upper_left")
+    config = space.default_config_for_shape(lower_right, ARCH)
+    build = build_plan(ARCH, [(lower_right.problem, config)], tmp_path_factory)[(lower_right.problem, config)]
+    with Evaluator(timeout=CHECK_TIMEOUT_S) as evaluator:
+        lr, ul = evaluator.evaluate(build, lower_right), evaluator.evaluate(build, upper_left)
+    assert lr.status == ul.status == "complete", (lr.reason, ul.reason)
+    assert lr.time_ms > 2 * ul.time_ms, (lr.time_ms, ul.time_ms)

@@ -1,6 +1,7 @@
 """The fp32 reference agrees with torch SDPA's math on CPU, including the cases where conventions differ."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -89,3 +90,22 @@ def test_chunking_does_not_change_the_result():
 def test_rejects_kv_heads_that_do_not_divide_heads():
     with pytest.raises(ValueError, match="kv_heads 3 must divide heads 4"):
         reference_attention(rand(1, 4, 2, 8), rand(1, 3, 2, 8), rand(1, 3, 2, 8))
+
+
+def test_sdpa_peers_get_the_shapes_own_mask():
+    # What the search times SDPA with (baselines, FlashAttention-4's reference) must be the function the kernel
+    # is checked against: a lower-right shape's mask is torch's CausalBias, on CPU through SDPA's math path.
+    import space
+    from autotune.measure.check import make_inputs, sdpa_mask_kwargs
+    from autotune.measure.evaluate import BackendUnavailable, sdpa_baseline
+
+    shape = space.Shape(batch=1, heads=2, seqlen_q=5, seqlen_k=37, head_dim=64, dtype="fp16", causal=True,
+                        causal_align="lower_right")
+    q, k, v = (t.float() for t in make_inputs(shape, "bhnd", seed=3, device="cpu"))
+    want, _ = reference_attention(q, k, v, causal=True, causal_align="lower_right")
+    got = torch.nn.functional.scaled_dot_product_attention(q, k, v, **sdpa_mask_kwargs(shape))
+    assert (got - want).abs().max() < 1e-4
+    upper = dataclasses.replace(shape, causal_align="upper_left")
+    assert sdpa_mask_kwargs(upper) == {"is_causal": True}
+    with pytest.raises(BackendUnavailable, match="CausalBias"):  # before any tensor: no GPU needed
+        sdpa_baseline(shape, "cudnn")

@@ -3,6 +3,7 @@ nearest-neighbour metric and its tie-breaks, invalid rows skipped, the memo (no 
 naming the argument, the custom op's fake implementation and a fullgraph torch.compile trace."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -677,3 +678,67 @@ def test_a_malformed_stored_row_costs_that_row_not_the_storage(tmp_path, db):
     with pytest.warns(runtime.InvalidRowWarning, match="tflops"):
         sel = select(shape(n=4096), db)
     assert (sel.source, sel.config, sel.row.seqlen) == ("nearest", CFG_A, 1024)
+
+
+# ---- the causal mask's alignment in the lookup ----------------------------------------------------------------
+
+CAUSAL = space.Problem(head_dim=128, dtype="fp16", causal=True)
+CAUSAL_MMA = space.default_config(CAUSAL, ARCH, "mma_sync")
+CAUSAL_A = CAUSAL_MMA.replace(br=64, bc=64, warps_m=4)
+CAUSAL_B = CAUSAL_MMA.replace(br=128, bc=32, warps_m=8)
+
+
+def causal(n, nk=None, align="upper_left", **kw) -> space.Shape:
+    return dataclasses.replace(shape(n, nk=nk, **kw), causal=True, causal_align=align)
+
+
+def test_a_lower_right_call_never_gets_an_upper_left_row_of_nq_not_nk(db):
+    store_rows(db, entry(causal(4, 4096), CAUSAL_A))          # timed top-left: almost every key masked
+    lr = select(causal(4, 4096, "lower_right"), db)
+    assert lr.source == "heuristic"                              # neither the exact row nor a neighbour
+    assert select(causal(4, 4096), db).config == CAUSAL_A
+    store_rows(db, entry(causal(8, 4096, "lower_right"), CAUSAL_B))
+    op.clear_caches()  # (a search in another process: the rows are read again)
+    near = select(causal(4, 4096, "lower_right"), db)            # the lower-right neighbour, not the nearer row
+    assert (near.source, near.config, near.row.causal_align) == ("nearest", CAUSAL_B, "lower_right")
+    assert select(causal(4, 4096), db).config == CAUSAL_A        # and an upper-left call keeps its own
+    exact = select(causal(8, 4096, "lower_right"), db)
+    assert (exact.source, exact.config) == ("storage", CAUSAL_B)
+
+
+def test_for_nq_equal_nk_both_alignments_are_one_key(tmp_path, db):
+    tables = shipped_dir(tmp_path, entry(causal(2048), CAUSAL_A))
+    for align in ("upper_left", "lower_right"):
+        chosen = select(causal(2048, align=align), db, tables)
+        assert (chosen.source, chosen.config) == ("shipped", CAUSAL_A), align
+    # a square row stands in for a lower-right prefill chunk (Nq 1024 of Nk 2048) as a neighbour
+    near = select(causal(1024, 2048, "lower_right"), db, tables)
+    assert (near.source, near.config) == ("nearest", CAUSAL_A)
+
+
+def test_attention_looks_up_the_calls_alignment(monkeypatch):
+    resolved = []
+
+    class Launch:
+        extra_args, params, combine = (), FlashFwdParams(), None
+
+    class Runner:
+        def prepare(self, q, k, v, o, lse=None, scale=None, causal_align="upper_left"):
+            self.align = causal_align
+            return Launch()
+
+    def fake_resolve(device, s, url):
+        resolved.append(s)
+        return runtime.Plan(None, Runner(), None)
+
+    check = op.check_inputs
+    monkeypatch.setattr(op, "check_inputs", lambda q, k, v, require_cuda=True: check(q, k, v, require_cuda=False))
+    monkeypatch.setattr(runtime, "resolve", fake_resolve)
+    q, k, v = qkv(h=8, hkv=2, n=4, nk=64)
+    for causal_arg in ("lower_right", True, False):
+        op._new_launcher(q, k, v, causal_arg, None, False, "sqlite:///x.db")
+    assert [(s.causal, s.causal_align, s.seqlen_k) for s in resolved] == [
+        (True, "lower_right", 64), (True, "upper_left", 64), (False, "upper_left", 64)]
+    text = autotune.explain(q.to("meta"), k.to("meta"), v.to("meta"), causal="lower_right", storage="sqlite:///x.db",
+                            gpu_name=GPU, arch="sm_90")
+    assert "-causal-lower-right on" in text.splitlines()[0]

@@ -348,6 +348,23 @@ def test_a_study_of_another_shape_is_refused(tmp_path, spy, double):
         search(tmp_path, spy, shape=dataclasses.replace(SHAPE, seqlen_q=512), trials=1, max_asks=1)
 
 
+def test_a_study_recorded_before_causal_alignments_resumes_and_a_lower_right_one_is_another_shape():
+    import optuna
+
+    from autotune.search.study import StudyMismatchError, open_study
+
+    storage = optuna.storages.InMemoryStorage()
+    causal = space.Shape(batch=1, heads=2, seqlen_q=4, seqlen_k=256, head_dim=128, causal=True)
+    old = {k: v for k, v in dataclasses.asdict(causal).items() if k != "causal_align"}  # what such a study holds
+    optuna.create_study(study_name="old", storage=storage).set_user_attr("shape", old)
+    sampler = optuna.samplers.RandomSampler(seed=0)
+    study = open_study("old", storage, sampler, causal, ARCH, "gpu", {}, log=lambda _: None)
+    assert study.user_attrs["shape"]["causal_align"] == "upper_left"
+    with pytest.raises(StudyMismatchError, match="--study old"):
+        open_study("old", storage, sampler, dataclasses.replace(causal, causal_align="lower_right"), ARCH, "gpu", {},
+                   log=lambda _: None)
+
+
 # ---- sampling and telling --------------------------------------------------------------------------------------
 
 def test_search_space_params_round_trip_and_domains():

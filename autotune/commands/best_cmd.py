@@ -9,6 +9,8 @@ import sys
 
 import space
 
+from . import causal_flag
+
 USAGE_ERROR = 2
 
 
@@ -18,8 +20,10 @@ def add_filter_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head-dim", type=int, default=None, choices=space.HEAD_DIMS, help="only this head dimension")
     p.add_argument("--dtype", default=None, choices=space.DTYPES, help="only this element type")
     causal = p.add_mutually_exclusive_group()
-    causal.add_argument("--causal", dest="causal", action="store_const", const=True, default=None,
-                        help="only causal rows")
+    causal.add_argument("--causal", dest="causal", nargs="?", const=True, default=None,
+                        choices=(True,) + space.CAUSAL_ALIGNS, metavar="upper_left|lower_right",
+                        help="only causal rows (alone: both alignments; upper_left or lower_right: that one, where "
+                             "Nq == Nk rows are upper_left); with --explain: the shape's mask, as search's --causal")
     causal.add_argument("--no-causal", dest="causal", action="store_const", const=False, help="only non-causal rows")
     p.add_argument("--gpu", default=None, metavar="NAME",
                    help="only GPUs whose name contains NAME, case-insensitively (e.g. h200); a warning says when "
@@ -31,8 +35,10 @@ def add_filter_arguments(p: argparse.ArgumentParser) -> None:
 
 def filters_from_args(args: argparse.Namespace) -> dict:
     arch = space.get_arch(args.arch).name if args.arch else None
+    causal = None if args.causal is None else bool(args.causal)
+    align = args.causal if isinstance(args.causal, str) else None
     return {"gpu": args.gpu, "arch": arch, "seqlen": args.seqlen, "head_dim": args.head_dim, "dtype": args.dtype,
-            "causal": args.causal}
+            "causal": causal, "causal_align": align}
 
 
 def add_parser(subparsers) -> None:
@@ -43,12 +49,13 @@ def add_parser(subparsers) -> None:
                    help="print the storage's rows as JSON (the export format's rows; shipped tables are already JSON)")
     e = p.add_argument_group("explain", "which config autotune.attention would run for one shape, and why")
     e.add_argument("--explain", action="store_true",
-                   help="explain the choice for the shape given by --seqlen (required), --batch, --heads, --kv-heads, "
-                        "--head-dim (128), --dtype (fp16) and --causal; --gpu (matched as above, against the GPUs "
+                   help="explain the choice for the shape given by --seqlen (required), --seqlen-k, --batch, --heads, "
+                        "--kv-heads, --head-dim (128), --dtype (fp16) and --causal [lower_right]; --gpu (matched as above, against the GPUs "
                         "with tuned rows) and --arch default to the visible GPU")
     e.add_argument("--batch", type=int, default=4, help="with --explain: batch size (default 4)")
     e.add_argument("--heads", type=int, default=16, help="with --explain: query heads (default 16)")
     e.add_argument("--kv-heads", type=int, default=None, help="with --explain: key/value heads (default: --heads)")
+    e.add_argument("--seqlen-k", type=int, default=None, help="with --explain: key length (default: --seqlen)")
     p.set_defaults(run=run)
 
 
@@ -57,16 +64,29 @@ def format_rows(rows, sources=None) -> str:
     if not rows:
         return "no stored or shipped rows match"
     sources = sources or ["storage"] * len(rows)
-    head = (f"{'gpu':<16} {'arch':<6} {'dtype':<5} {'d':>4} {'causal':<6} {'seqlen':>7} {'seqlen_k':>8} {'batch':>5} "
-            f"{'heads':>5} {'kv':>4} {'TFLOPS':>8} {'ms':>8}  {'from':<18} {'study #trial':<40} config")
+    head = (f"{'gpu':<16} {'arch':<6} {'dtype':<5} {'d':>4} {'causal':<11} {'seqlen':>7} {'seqlen_k':>8} {'batch':>5} "
+            f"{'heads':>5} {'kv':>4} {'TFLOPS':>8} {'passes':>13} {'ms':>8}  {'from':<18} {'study #trial':<40} config")
     lines = [head]
     for r, source in zip(rows, sources):
         ms = f"{r.time_ms:8.3f}" if r.time_ms is not None else f"{'-':>8}"
         origin = f"{r.study or '-'} #{r.trial if r.trial is not None else '-'}"
-        lines.append(f"{r.gpu_name[:16]:<16} {r.arch:<6} {r.dtype:<5} {r.head_dim:>4} {str(r.causal).lower():<6} "
-                     f"{r.seqlen:>7} {r.seqlen_k:>8} {r.batch:>5} {r.heads:>5} {r.kv_heads:>4} {r.tflops:8.1f} {ms}  "
+        lines.append(f"{r.gpu_name[:16]:<16} {r.arch:<6} {r.dtype:<5} {r.head_dim:>4} {causal_words(r):<11} "
+                     f"{r.seqlen:>7} {r.seqlen_k:>8} {r.batch:>5} {r.heads:>5} {r.kv_heads:>4} {r.tflops:8.1f} "
+                     f"{passes_cell(r):>13} {ms}  "
                      f"{source:<18} {origin:<40} {r.config_key}")
     return "\n".join(lines)
+
+
+def passes_cell(row) -> str:
+    """A campaign row's first / second pass figures (`--explain` adds the runner-up's); "-" without a second pass."""
+    if row.first_pass_tflops is None or row.second_pass_tflops is None:
+        return "-"
+    return f"{row.first_pass_tflops:.1f}/{row.second_pass_tflops:.1f}"
+
+
+def causal_words(row) -> str:
+    """The causal column: false, true (top-left) or lower_right."""
+    return "lower_right" if row.causal and row.causal_align == "lower_right" else str(row.causal).lower()
 
 
 class Tables:
@@ -155,8 +175,10 @@ def explain(args: argparse.Namespace) -> int:
         print("autotune best: --explain needs --seqlen", file=sys.stderr)
         return USAGE_ERROR
     try:
+        causal, align = causal_flag.mask("upper_left" if args.causal is True else args.causal)
         shape = space.Shape(batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, seqlen_q=args.seqlen,
-                            head_dim=args.head_dim or 128, dtype=args.dtype or "fp16", causal=bool(args.causal))
+                            seqlen_k=args.seqlen_k, head_dim=args.head_dim or 128, dtype=args.dtype or "fp16",
+                            causal=causal, causal_align=align)
         arch = space.get_arch(args.arch) if args.arch else None
     except ValueError as err:
         print(f"autotune best: {err}", file=sys.stderr)
@@ -216,6 +238,9 @@ def run(args: argparse.Namespace) -> int:
     sources = ["storage"] * len(tables.stored) + [
         f"{name} (hidden)" if e.key in stored_keys else name for e, name in tables.shipped]
     print(format_rows(rows, sources))
+    if any(r.second_pass_tflops is not None for r in rows):
+        print("(passes: a campaign row's TFLOPS in its first pass and in the second, another process later; its "
+              "TFLOPS is their geometric mean; `--explain` adds the runner-up's)")
     for note in tables.notes:
         print(f"({note})")
     print(f"({len(tables.stored)} row(s) from storage {tables.where})")

@@ -11,6 +11,8 @@ import sys
 
 import space
 
+from . import causal_flag
+
 USAGE_ERROR = 2
 NO_GPU = ("no CUDA GPU visible: `autotune {command}` runs kernels. Without a GPU you can still compile-check "
           "configs: `autotune space --head-dim 128 --arch sm_90 --compile` (or `autotune build --config KEY`).")
@@ -24,7 +26,7 @@ def add_shape_arguments(p: argparse.ArgumentParser, seqlen: int, batch: int, hea
     p.add_argument("--kv-heads", type=int, default=None, help="key/value heads, dividing --heads (default: --heads)")
     p.add_argument("--head-dim", type=int, default=128, choices=space.HEAD_DIMS, help="head dimension (default 128)")
     p.add_argument("--dtype", default="fp16", choices=space.DTYPES, help="element type (default fp16)")
-    p.add_argument("--causal", action="store_true", help="causal masking, top-left aligned like torch SDPA")
+    causal_flag.add(p)
     p.add_argument("--layout", default="bhnd", choices=("bhnd", "bnhd"),
                    help="memory layout of q/k/v/o: (B,H,N,D) or (B,N,H,D) seen through a transpose")
     p.add_argument("--arch", default=None, help="must match the visible GPU (default: the visible GPU's arch)")
@@ -33,9 +35,11 @@ def add_shape_arguments(p: argparse.ArgumentParser, seqlen: int, batch: int, hea
 
 
 def shape_from_args(args: argparse.Namespace, command: str) -> space.Shape | None:
+    causal, align = causal_flag.mask(args.causal)
     try:
         return space.Shape(batch=args.batch, heads=args.heads, seqlen_q=args.seqlen, seqlen_k=args.seqlen_k,
-                           head_dim=args.head_dim, dtype=args.dtype, causal=args.causal, kv_heads=args.kv_heads)
+                           head_dim=args.head_dim, dtype=args.dtype, causal=causal, kv_heads=args.kv_heads,
+                           causal_align=align)
     except ValueError as e:
         print(f"autotune {command}: {e}", file=sys.stderr)
         return None

@@ -12,6 +12,8 @@ import sys
 
 import space
 
+from . import causal_flag
+
 USAGE_ERROR = 2
 NO_RESULT = 1
 INTERRUPTED = 130  # Ctrl-C, after the summary (the shell's convention: 128 + SIGINT)
@@ -37,8 +39,7 @@ def add_shape_arguments(p, several_seqlens: bool = False) -> None:
     shape.add_argument("--kv-heads", type=int, default=None, help="key/value heads, dividing --heads (default: --heads)")
     shape.add_argument("--head-dim", type=int, default=None, choices=space.HEAD_DIMS, help="head dimension (default 128)")
     shape.add_argument("--dtype", default=None, choices=space.DTYPES, help="element type (default fp16)")
-    shape.add_argument("--causal", action="store_const", const=True, default=None,
-                       help="causal (top-left aligned) masking")
+    causal_flag.add(shape)
 
 
 def shape_from_args(args: argparse.Namespace) -> space.Shape:
@@ -51,10 +52,11 @@ def shape_from_args(args: argparse.Namespace) -> space.Shape:
     for name in ("seqlen", "batch", "heads"):
         if values[name] < 1:
             raise ValueError(f"--{name}: expected a positive integer, got {values[name]}")
+    causal, align = causal_flag.mask(values["causal"])
     try:
         return space.Shape(batch=values["batch"], heads=values["heads"], seqlen_q=values["seqlen"],
                            seqlen_k=values["seqlen_k"], head_dim=values["head_dim"], dtype=values["dtype"],
-                           causal=values["causal"], kv_heads=values["kv_heads"])
+                           causal=causal, kv_heads=values["kv_heads"], causal_align=align)
     except ValueError as err:  # space says "kv_heads: must divide heads ..."; name the flag instead
         field, _, message = str(err).partition(":")
         flag = {"seqlen_q": "seqlen"}.get(field, field).replace("_", "-")
@@ -169,10 +171,16 @@ def replay_shape(args: argparse.Namespace, replay) -> space.Shape:
     recorded = replay.shape
     as_flags = {"seqlen": recorded.seqlen_q, "seqlen_k": recorded.seqlen_k, "batch": recorded.batch,
                 "heads": recorded.heads, "kv_heads": recorded.kv_heads, "head_dim": recorded.head_dim,
-                "dtype": recorded.dtype, "causal": recorded.causal}
-    asked = [f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}")
-             for name, value in ((n, getattr(args, n)) for n in SHAPE_DEFAULTS)
+                "dtype": recorded.dtype, "causal": recorded.causal_align if recorded.causal else None}
+    asked_mask = causal_flag.mask(args.causal)
+    nq = args.seqlen if args.seqlen is not None else recorded.seqlen_q
+    nk = args.seqlen_k if args.seqlen_k is not None else (nq if args.seqlen is not None else recorded.seqlen_k)
+    asked_align = space.canonical_align(*asked_mask, nq, nk) if asked_mask[0] else None
+    asked = [f"--{name.replace('_', '-')} {value}"
+             for name, value in ((n, getattr(args, n)) for n in SHAPE_DEFAULTS if n != "causal")
              if value is not None and value != as_flags[name]]
+    if args.causal is not None and asked_align != as_flags["causal"]:
+        asked.append("--causal lower_right" if asked_align == "lower_right" else "--causal")
     if args.arch is not None and space.get_arch(args.arch).name != replay.arch.name:
         asked.append(f"--arch {args.arch}")
     if asked:

@@ -78,13 +78,13 @@ def evaluate(build, shape: Shape):
         max_error = 0.0
         seed = zlib.crc32(key.encode())  # reproducible, and different inputs for different configs
         for s in check_shapes(shape):
-            result = check.check(runner, s, seed=seed)
+            result = check.check(runner, s, seed=seed)  # with s.causal_align, check()'s default
             max_error = max(max_error, result.max_error)
             if not result.ok:
                 return EvalOutcome("wrong", f"{s.key}: {result.message}", max_error=result.max_error,
                                    blocks_per_sm=blocks)
         q, k, v, o = _timing_inputs(shape)
-        t = timing.bench(runner.prepare(q, k, v, o), warmup_ms=WARMUP_MS, rep_ms=REP_MS)
+        t = timing.bench(runner.prepare(q, k, v, o, causal_align=shape.causal_align), warmup_ms=WARMUP_MS, rep_ms=REP_MS)
         return EvalOutcome("complete", "", shape.tflops(t.median_ms / 1e3), t.median_ms, t.p80_ms - t.p20_ms,
                            max_error, blocks, extra={"p20_ms": t.p20_ms, "p80_ms": t.p80_ms, "n_reps": t.n})
     except Exception as e:  # a bad kernel is a result, not an exception

@@ -11,7 +11,7 @@ import ctypes
 import math
 from dataclasses import dataclass
 
-from space import HEAD_DIMS, Problem
+from space import CAUSAL_ALIGNS, HEAD_DIMS, Problem
 
 LOG2_E = math.log2(math.e)
 
@@ -193,9 +193,6 @@ def make_params(q, k, v, o, lse=None, scale: float | None = None, *, problem: Pr
     p.scale_log2 = scale * LOG2_E
     p.causal_offset = causal_offset(causal_align, shape.seqlen_q, shape.seqlen_k)
     return p
-
-
-CAUSAL_ALIGNS = ("upper_left", "lower_right")
 
 
 def causal_offset(align: str, seqlen_q: int, seqlen_k: int) -> int:

@@ -129,6 +129,17 @@ class _Guarded:
         return int((~intact).sum())
 
 
+def sdpa_mask_kwargs(shape: Shape) -> dict:
+    """SDPA's arguments for the shape's mask: is_causal (top-left), or torch's CausalBias for a lower-right shape
+    (which runs FlashAttention's own lower-right mask where it can, else the efficient kernel, without
+    materialising a mask; it chooses the kernel itself, whatever sdpa_kernel says)."""
+    if shape.lower_right:
+        from torch.nn.attention.bias import causal_lower_right
+
+        return {"attn_mask": causal_lower_right(shape.seqlen_q, shape.seqlen_k)}
+    return {"is_causal": shape.causal}
+
+
 def _torch_sdpa(q, k, v, causal: bool, scale: float | None, causal_align: str = "upper_left"):
     import torch
     import torch.nn.functional as F
@@ -145,8 +156,9 @@ def _torch_sdpa(q, k, v, causal: bool, scale: float | None, causal_align: str = 
 
 
 def check(build, shape: Shape, seed: int | None = None, layout: str = "bhnd", check_lse: bool = False,
-          scale: float | None = None, device=None, causal_align: str = "upper_left") -> CheckResult:
+          scale: float | None = None, device=None, causal_align: str | None = None) -> CheckResult:
     """Run `build` (a BuildResult or KernelRunner) on `shape` and judge it; see the module docstring.
+    `causal_align`: the mask's alignment (default: the shape's own, space.Shape.causal_align).
 
     `device` defaults to the current CUDA device (another device only makes sense for a test double of the
     runner). Raises on CUDA errors (a fault poisons the context; the caller decides what that means).
@@ -154,6 +166,7 @@ def check(build, shape: Shape, seed: int | None = None, layout: str = "bhnd", ch
     import torch
 
     runner: KernelRunner = as_runner(build)
+    causal_align = causal_align or shape.causal_align
     if runner.problem != shape.problem:
         raise ValueError(f"shape: the build is for {runner.problem.key}, the shape is {shape.problem.key}")
     if seed is None:

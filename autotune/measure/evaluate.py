@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from space import Shape
 
 from . import peer_fa4
-from .check import check, empty_output, make_inputs
+from .check import check, empty_output, make_inputs, sdpa_mask_kwargs
 from ..launch.loader import as_runner
 from .timing import Timing, bench
 
@@ -98,7 +98,10 @@ def evaluate(build, shape: Shape, check_seed: int | None = None, layout: str = "
         ev.registers = kernel.attribute("NUM_REGS")
         ev.blocks_per_sm = kernel.blocks_per_sm(lay.threads, lay.smem_dynamic)
 
-        result = check(runner, shape, seed=check_seed, layout=layout, check_lse=check_lse)
+        # Causal shapes are checked and timed with their own alignment (a lower-right decode step sees nearly
+        # every key; upper-left would time a mostly masked kernel).
+        result = check(runner, shape, seed=check_seed, layout=layout, check_lse=check_lse,
+                       causal_align=shape.causal_align)
         ev.max_error, ev.torch_error, ev.tolerance = result.max_error, result.torch_error, result.tolerance
         ev.nan_count, ev.unwritten, ev.out_of_bounds = result.nan_count, result.unwritten, result.out_of_bounds
         ev.nondeterministic, ev.lse_error = result.nondeterministic, result.lse_error
@@ -109,7 +112,7 @@ def evaluate(build, shape: Shape, check_seed: int | None = None, layout: str = "
 
         q, k, v = make_inputs(shape, layout, seed=result.seed + 1)
         o = empty_output(shape, layout)
-        timing = bench(runner.prepare(q, k, v, o), warmup_ms=warmup_ms, rep_ms=rep_ms, n_rep=n_rep)
+        timing = bench(runner.prepare(q, k, v, o, causal_align=shape.causal_align), warmup_ms=warmup_ms, rep_ms=rep_ms, n_rep=n_rep)
         _set_timing(ev, timing, shape)
         ev.status = "complete"
     except Exception as e:  # a bad kernel is a result, not an exception
@@ -136,8 +139,13 @@ def sdpa_baseline(shape: Shape, backend: str, layout: str = "bhnd", warmup_ms: f
 
     if backend not in SDPA_BACKENDS:
         raise ValueError(f"backend: expected one of {sorted(SDPA_BACKENDS)}, got {backend!r}")
+    if shape.lower_right and backend != "flash":
+        # torch's CausalBias picks its own kernel for a lower-right mask (flash where it can, whatever sdpa_kernel
+        # asks for): another backend's row would time flash under that backend's name
+        raise BackendUnavailable(f"sdpa {backend}: a lower-right causal mask runs through torch's CausalBias, which "
+                                 "picks the flash kernel itself; only the flash row is timed for it")
     q, k, v = make_inputs(shape, layout, seed=0)
-    kwargs = {"is_causal": shape.causal}
+    kwargs = sdpa_mask_kwargs(shape)
     if shape.kv_heads != shape.heads:
         kwargs["enable_gqa"] = True
 

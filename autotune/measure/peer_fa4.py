@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from space import Shape
 
-from .check import make_inputs
+from .check import make_inputs, sdpa_mask_kwargs
 from .timing import Timing, bench
 
 # A peer's output vs torch SDPA in the same 16-bit dtype: both round P and O to 16 bits, so they differ by a few
@@ -38,8 +38,9 @@ def fa4_timing(shape: Shape, warmup_ms: float = 25, rep_ms: float = 100, n_rep: 
     why = unavailable()
     if why:
         raise PeerUnavailable(f"fa4: {why}")
-    if shape.causal and shape.seqlen_q != shape.seqlen_k:
-        # FlashAttention aligns the causal mask bottom-right, SDPA (and we) top-left: not the same function.
+    if shape.causal and shape.seqlen_q != shape.seqlen_k and not shape.lower_right:
+        # FlashAttention aligns the causal mask bottom-right (a lower-right shape is its own convention), SDPA's
+        # is_causal top-left: not the same function.
         raise PeerUnavailable("fa4: causal with seqlen_q != seqlen_k is aligned bottom-right there, top-left here")
     import torch
     import torch.nn.functional as F
@@ -49,14 +50,19 @@ def fa4_timing(shape: Shape, warmup_ms: float = 25, rep_ms: float = 100, n_rep: 
     qn, kn, vn = (t.transpose(1, 2) for t in (q, k, v))  # contiguous (B, N, H, D): FlashAttention's layout
 
     def fn():
-        out = flash_attn_func(qn, kn, vn, causal=shape.causal)
+        out = flash_attn_func(qn, kn, vn, causal=shape.causal)  # bottom-right: right for lower-right shapes
         return out[0] if isinstance(out, tuple) else out
 
     try:
         with torch.no_grad():
             got = fn().transpose(1, 2)
-            want = F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal,
-                                                  enable_gqa=shape.kv_heads != shape.heads)
+            if shape.lower_right:  # the reference of the same function (SDPA's CausalBias takes no enable_gqa)
+                group = shape.heads // shape.kv_heads
+                kr, vr = (t.repeat_interleave(group, dim=1) for t in (k, v))
+                want = F.scaled_dot_product_attention(q, kr, vr, **sdpa_mask_kwargs(shape))
+            else:
+                want = F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal,
+                                                      enable_gqa=shape.kv_heads != shape.heads)
     except (RuntimeError, ValueError, TypeError, AssertionError, NotImplementedError) as e:
         raise PeerUnavailable(f"fa4: refused {shape.key}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     err = ((got.float() - want.float()).norm() / want.float().norm()).item()

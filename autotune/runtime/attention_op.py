@@ -111,9 +111,11 @@ def check_meta(q, k, v) -> None:
             raise ValueError(f"{name}: expected a contiguous last dim (stride 1), got strides {tuple(t.stride())}")
 
 
-def shape_of(inputs: InputShape, causal: bool) -> Shape:
+def shape_of(inputs: InputShape, causal: bool, causal_align: str = "upper_left") -> Shape:
+    """The call's shape, its mask's alignment included (a lower-right call looks up lower-right rows)."""
     return Shape(batch=inputs.batch, heads=inputs.heads, seqlen_q=inputs.seqlen_q, seqlen_k=inputs.seqlen_k,
-                 head_dim=inputs.head_dim, dtype=inputs.dtype, causal=causal, kv_heads=inputs.kv_heads)
+                 head_dim=inputs.head_dim, dtype=inputs.dtype, causal=causal, kv_heads=inputs.kv_heads,
+                 causal_align=causal_align)
 
 
 # ---- launching --------------------------------------------------------------------------------------------
@@ -169,9 +171,9 @@ def _memo_key(q, k, v, causal, scale, return_lse, url) -> tuple:
 def _new_launcher(q, k, v, causal, scale, return_lse: bool, url: str) -> _Launcher:
     masked, align = causal_mode(causal)
     inputs = check_inputs(q, k, v)
-    plan = runtime.resolve(q.device.index, shape_of(inputs, masked), url)
+    plan = runtime.resolve(q.device.index, shape_of(inputs, masked, align), url)
     if benchmark_mode.settings.enabled:  # models: an untuned shape times a few built configs first
-        plan = benchmark_mode.plan(plan, q, k, v, scale, url)
+        plan = benchmark_mode.plan(plan, q, k, v, scale, url, align)  # timed with the call's own mask
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
     launch = plan.runner.prepare(q, k, v, o, lse, scale, align)  # the loader's own full validation, once
@@ -189,7 +191,7 @@ def forward(q, k, v, causal, scale: Optional[float], return_lse: bool):
         launcher = _launchers[key] = _new_launcher(q, k, v, causal, scale, return_lse, url)
     out = launcher(q, k, v)
     if capture.recording:  # models: count this call's shape bucket into the capture file
-        capture.record(q, k, causal_mode(causal)[0])
+        capture.record(q, k, causal)
     return out
 
 
@@ -280,7 +282,7 @@ def explain(q, k, v, causal: bool | str = False, *, storage: str | None = None, 
     inputs = check_inputs(q, k, v, require_cuda=not offline)
     if not offline:
         gpu_name, arch = runtime.device_info(q.device.index)
-    selection = runtime.select_config(shape_of(inputs, causal_mode(causal)[0]), gpu_name, arch, storage)
+    selection = runtime.select_config(shape_of(inputs, *causal_mode(causal)), gpu_name, arch, storage)
     return selection.explain()
 
 

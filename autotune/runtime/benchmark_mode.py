@@ -21,7 +21,11 @@ benchmarked. A decode loop whose key count grows every step so measures once per
 Not measured: calls while a CUDA graph is being captured (they run the lookup's choice, and a later ordinary call
 measures). The process's own `autotune.explain` keeps showing the lookup's choice until `clear_caches()`.
 
-CPU tests drive `choose` and `measure` with a stand-in timer; `plan` is the GPU glue attention_op calls.
+Candidates are timed with the call's causal alignment (attention_op passes it through `plan` to each candidate's
+`prepare`), and only rows of a fitting alignment lend their configs (store.nearest.alignment_fits).
+
+CPU tests drive `choose` and `measure` with a stand-in timer, and `plan` with stand-ins for the runner and for the
+CUDA-event timing (`_time_launch`); `plan` is the GPU glue attention_op calls.
 """
 from __future__ import annotations
 
@@ -39,7 +43,7 @@ from space import Arch, Config, Shape
 
 from . import lookup, row_order
 from .buckets import bucket
-from ..store.nearest import distance
+from ..store.nearest import alignment_fits, distance
 
 ENV_VAR = "AUTOTUNE_BENCHMARK"
 DEFAULT_CANDIDATES = 4
@@ -161,16 +165,46 @@ def is_built(config: Config, problem, arch: Arch) -> bool:
 
 
 def _rows(shape: Shape, gpu_name: str, arch: Arch, url: str) -> tuple:
+    """The tuned rows whose configs are candidates: this GPU, arch and problem, and a causal alignment that fits
+    the shape's (store.nearest.alignment_fits: a row timed with the other mask says nothing of this one)."""
     problem = shape.problem
     stored = lookup.storage_candidates(url, gpu_name, arch, problem)
     shipped = tuple(c for c in lookup.shipped_candidates(lookup.shipped_tables_dir())
                     if c.entry.gpu_name == gpu_name and c.entry.arch == arch.name and c.entry.dtype == problem.dtype
                     and c.entry.head_dim == problem.head_dim and c.entry.causal == problem.causal)
-    return stored + shipped
+    fits = []
+    for c in stored + shipped:
+        try:
+            if alignment_fits(c.shape, shape):
+                fits.append(c)
+        except ValueError:  # not a valid shape: candidate_configs' own checks leave its config out
+            continue
+    return tuple(fits)
 
 
-def _timer(plan: lookup.Plan, q, k, v, scale, arch: Arch):
-    """time_config for `measure`: CUDA events around launches of each candidate on the call's own tensors."""
+def _time_launch(launch, device, share_s: float) -> tuple[float, float]:
+    """(median s, spread s) of launches of a prepared Launch: CUDA events around each, up to MAX_REPS of them or
+    until `share_s` has passed (after a first launch that loads the module and warms it)."""
+    import torch
+
+    launch()  # loads the module and warms it
+    torch.cuda.synchronize(device)
+    times, start = [], time.perf_counter()
+    for _ in range(MAX_REPS):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        launch()
+        end.record()
+        end.synchronize()
+        times.append(begin.elapsed_time(end) / 1e3)
+        if time.perf_counter() - start >= share_s:
+            break
+    return statistics.median(times), max(times) - min(times)
+
+
+def _timer(plan: lookup.Plan, q, k, v, scale, arch: Arch, causal_align: str = "upper_left"):
+    """time_config for `measure`: each candidate launched on the call's own tensors, with the call's causal
+    alignment (a lower-right decode step must not be timed as the mostly masked upper-left kernel)."""
     import torch
 
     from ..launch.loader import KernelRunner
@@ -188,27 +222,15 @@ def _timer(plan: lookup.Plan, q, k, v, scale, arch: Arch):
             runner = KernelRunner(result)
         else:
             return None
-        launch = runner.prepare(q, k, v, o, None, scale)
-        launch()  # loads the module and warms it
-        torch.cuda.synchronize(q.device)
-        times, start = [], time.perf_counter()
-        for _ in range(MAX_REPS):
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            launch()
-            end.record()
-            end.synchronize()
-            times.append(begin.elapsed_time(end) / 1e3)
-            if time.perf_counter() - start >= share_s:
-                break
-        return statistics.median(times), max(times) - min(times)
+        return _time_launch(runner.prepare(q, k, v, o, None, scale, causal_align), q.device, share_s)
 
     return time_config
 
 
-def plan(resolved: lookup.Plan, q, k, v, scale, url: str) -> lookup.Plan:
+def plan(resolved: lookup.Plan, q, k, v, scale, url: str, causal_align: str = "upper_left") -> lookup.Plan:
     """attention_op's hook: `resolved` (lookup.resolve's plan) when the shape has an exact row, else the plan of
-    the fastest measured candidate (module docstring). Memoized per (device, bucket, storage) for the process."""
+    the fastest measured candidate (module docstring), timed with the call's `causal_align`. Memoized per
+    (device, bucket, storage) for the process (the bucket holds the alignment: space.Shape.causal_align)."""
     import torch
 
     selection = resolved.selection
@@ -222,7 +244,7 @@ def plan(resolved: lookup.Plan, q, k, v, scale, url: str) -> lookup.Plan:
             return hit
         gpu_name, arch = lookup.device_info(q.device.index)
         configs = candidate_configs(shape, selection, _rows(shape, gpu_name, arch, url), arch, settings.candidates)
-        measured = measure(configs, _timer(resolved, q, k, v, scale, arch), settings.budget_ms / 1e3)
+        measured = measure(configs, _timer(resolved, q, k, v, scale, arch, causal_align), settings.budget_ms / 1e3)
         best = fastest(measured)
         if best is None or best.config == resolved.runner.config:
             chosen = resolved

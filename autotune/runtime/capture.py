@@ -32,7 +32,7 @@ import uuid
 import warnings
 from pathlib import Path
 
-from space import Shape
+from space import Shape, causal_mask, causal_value
 
 from ..launch.params import dtype_name
 from .buckets import bucket
@@ -54,7 +54,8 @@ def shape_table(shape: Shape) -> str:
     """One `[[shapes]]` table of the campaign format for `shape`."""
     lines = ["[[shapes]]"]
     for key, field in _FIELDS:
-        value = getattr(shape, field)  # bool, int or a plain dtype name: TOML writes them as JSON does
+        # bool, int, a plain dtype name or "lower_right" (causal, space.causal_value): TOML writes them as JSON does
+        value = causal_value(shape) if field == "causal" else getattr(shape, field)
         lines.append(f"{key} = {json.dumps(value)}")
     return "\n".join(lines) + "\n"
 
@@ -73,7 +74,10 @@ def _parse(path: Path, text: str) -> list[Shape]:
     for i, item in enumerate(doc.get("shapes") or []):
         values = {**defaults, **item}
         try:
-            out.append(Shape(**{field: values[key] for key, field in _FIELDS if key in values}))
+            fields = {field: values[key] for key, field in _FIELDS if key in values}
+            if "causal" in fields:
+                fields["causal"], fields["causal_align"] = causal_mask(fields["causal"])
+            out.append(Shape(**fields))
         except (TypeError, ValueError) as e:
             raise CaptureError(f"{path}: shapes[{i}]: {e}") from None
     return out
@@ -149,8 +153,9 @@ class CaptureFile:
     def _append(self, text: str) -> None:
         os.write(self._fd, text.encode())  # one write(), O_APPEND: whole or not at all, at the end
 
-    def record(self, q, k, causal: bool) -> None:
-        """Count one call of attention(q, k, ...) (already validated by the caller)."""
+    def record(self, q, k, causal) -> None:
+        """Count one call of attention(q, k, causal=...) (already validated by the caller; causal: False, True or
+        an alignment, as attention takes it)."""
         key = (q.shape, k.shape, q.dtype, causal)
         with self.lock:
             b = self._keys.get(key)
@@ -162,8 +167,9 @@ class CaptureFile:
 
     def _new_key(self, key, q, k, causal) -> _Bucket:
         batch, heads, seqlen_q, head_dim = q.shape
+        masked, align = causal_mask(causal)
         shape = bucket(Shape(batch=batch, heads=heads, seqlen_q=seqlen_q, seqlen_k=k.shape[2], head_dim=head_dim,
-                             dtype=dtype_name(q.dtype), causal=causal, kv_heads=k.shape[1]))
+                             dtype=dtype_name(q.dtype), causal=masked, kv_heads=k.shape[1], causal_align=align))
         b = self._buckets.get(shape)
         if b is None:
             b = self._buckets[shape] = _Bucket(shape)
@@ -206,7 +212,7 @@ _from_env: list[str] = []  # the env path, once opened (or once failed: said onc
 _switch = threading.Lock()
 
 
-def record(q, k, causal: bool) -> None:
+def record(q, k, causal) -> None:
     """attention_op's hook: count this call into the active capture (opening $AUTOTUNE_CAPTURE on first use)."""
     cap = _active
     if cap is None:

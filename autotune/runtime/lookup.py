@@ -3,12 +3,15 @@
 Lookup order for `select_config(shape, gpu_name, arch)`, first hit wins:
 
   1. storage    the user's best-per-shape table (autotune/store/best_table.py) behind the storage URL, resolved like
-                `autotune search` does (argument → $AUTOTUNE_STORAGE → studies/autotune.db): the exact key.
+                `autotune search` does (argument → $AUTOTUNE_STORAGE → studies/autotune.db): the exact key, the
+                causal mask's alignment included (a lower-right call never gets an upper-left row of Nq != Nk; for
+                Nq == Nk the two are one key, space.canonical_align).
   2. shipped    the tuned tables shipped in studies/tuned/*.json (the `autotune export` format): the exact key.
                 (Then, still exact: the shape's capture bucket in 1 and 2, and a row that benchmark mode measured for
                 the shape; row_order.py.)
   3. nearest    the closest tuned shape, from both of the above, on the same GPU name, arch, dtype, head_dim
-                and causal flag (those decide the compiled kernel; the rest only its speed):
+                and causal flag (those decide the compiled kernel; the rest only its speed), and of the same causal
+                alignment unless either shape is square (Nq == Nk, where the two alignments are one mask):
 
                     d = sqrt( ½·(log2 Nq − log2 Nq')² + ½·(log2 Nk − log2 Nk')² + (log2 B·H − log2 B'·H')² )
 
@@ -50,9 +53,12 @@ from space import Arch, Config, Problem, Shape
 from ..build.builder import Builder
 from . import row_order
 from ..store import storage_url
-from ..store.nearest import distance
+from ..store.nearest import alignment_fits, distance
 
 SOURCES = ("storage", "shipped", "nearest", "heuristic")
+# best_table.PASS_FIELDS, named here so that reading a selection costs no sqlalchemy import
+PASS_FIELDS = ("first_pass_tflops", "second_pass_tflops", "runner_up_config_key", "runner_up_first_tflops",
+               "runner_up_second_tflops")
 TIE_EPSILON = 1e-9
 
 
@@ -233,7 +239,8 @@ class Selection:
         r = self.row
         return {"table": self.origin, "study": r.study, "trial": r.trial, "tflops": r.tflops,
                 "time_ms": r.time_ms, "kernel_source_hash": r.kernel_source_hash,
-                "nvcc_version": r.nvcc_version, "created": r.created.isoformat(), "tuned_shape": r.shape.key}
+                "nvcc_version": r.nvcc_version, "created": r.created.isoformat(), "tuned_shape": r.shape.key,
+                **{f: getattr(r, f, None) for f in PASS_FIELDS}}
 
     def explain(self) -> str:
         lines = [f"{self.shape.key} on {self.gpu_name} ({self.arch}): {self.config.key}"]
@@ -249,9 +256,27 @@ class Selection:
             lines.append(f"  row: {p['tflops']:.1f} TFLOPS, study {p['study']!r} trial {p['trial']}, "
                          f"kernel sources {str(p['kernel_source_hash'])[:12]}, nvcc {p['nvcc_version']}, "
                          f"{p['created']}")
+            passes = describe_passes(self.row)
+            if passes:
+                lines.append(f"  passes: {passes}")
         lines += [f"  searched: {w}" for w in self.searched]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def describe_passes(row) -> str | None:
+    """A campaign row's two passes in words (store.best_table.PASS_FIELDS), None for a row without a second pass."""
+    first, second = getattr(row, "first_pass_tflops", None), getattr(row, "second_pass_tflops", None)
+    if first is None or second is None:
+        return None
+    text = (f"first {first:.1f}, second {second:.1f} TFLOPS (another process, later; the row's figure is their "
+            "geometric mean)")
+    key = getattr(row, "runner_up_config_key", None)
+    if key:
+        a, b = row.runner_up_first_tflops, row.runner_up_second_tflops
+        figures = f"first {a:.1f}, second {b:.1f}" if a is not None and b is not None else "figures not recorded"
+        text += f"; runner-up {key}: {figures}"
+    return text
 
 
 def _gqa_gap(a: Shape, b: Shape) -> float:
@@ -260,8 +285,15 @@ def _gqa_gap(a: Shape, b: Shape) -> float:
 
 def _same_key(c: Candidate, shape: Shape) -> bool:
     e = c.entry
-    return (e.seqlen, e.seqlen_k, e.batch, e.heads, e.kv_heads) == (
-        shape.seqlen_q, shape.seqlen_k, shape.batch, shape.heads, shape.kv_heads)
+    return (e.seqlen, e.seqlen_k, e.batch, e.heads, e.kv_heads, e.causal_align) == (
+        shape.seqlen_q, shape.seqlen_k, shape.batch, shape.heads, shape.kv_heads, shape.causal_align)
+
+
+def _alignment_fits(c: Candidate, shape: Shape) -> bool:
+    try:
+        return alignment_fits(c.shape, shape)
+    except ValueError:  # not a valid shape: _nearest's checker names it
+        return True
 
 
 class _Checker:
@@ -396,7 +428,9 @@ def _select(shape: Shape, gpu_name: str, arch: Arch, url: str, tables: Path | No
             return chosen(source, found, 0.0)
     # Decode rows stand in only for decode shapes and prefill rows only for prefill: their best configs differ in
     # kind (split-KV, packed heads), not in degree, so a nearer row of the other kind is worse than the default.
-    same_kind = tuple(c for c in stored + shipped if (c.entry.seqlen <= space.DECODE_MAX_QUERIES) == shape.is_decode)
+    # Nor does a row of the other causal alignment (store.nearest.alignment_fits).
+    same_kind = tuple(c for c in stored + shipped if (c.entry.seqlen <= space.DECODE_MAX_QUERIES) == shape.is_decode
+                      and _alignment_fits(c, shape))
     found = _nearest(same_kind, shape, checker)
     if found:
         return chosen("nearest", found, found[2])

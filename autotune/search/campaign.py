@@ -19,10 +19,16 @@ The file is TOML, JSON or YAML (YAML needs PyYAML), e.g.
     causal = true
     trials = 60         # a shape's own keys win over the defaults
 
+    [[shapes]]          # decode with 4 new tokens: the mask aligned to the end of the keys
+    seqlen = 4
+    seqlen_k = 4096
+    causal = "lower_right"
+
 In JSON or YAML the same structure ({"defaults": {...}, "shapes": [...]}), or just the list of shapes.
 
 Keys: the shape (seqlen, seqlen_k, batch, heads, kv_heads, head_dim, dtype, causal; space.Shape's defaults for the
-rest) and the search options below (SEARCH_KEYS). Precedence, most specific first: the shape's keys, the file's
+rest; causal as autotune.attention takes it: false, true or "upper_left" for SDPA's top-left mask, "lower_right" for
+the mask aligned to the end of the keys) and the search options below (SEARCH_KEYS). Precedence, most specific first: the shape's keys, the file's
 defaults, the command line, the built-in defaults. Each shape's search is an ordinary `autotune search`:
 resumable (running the campaign again skips finished shapes and continues the others' studies toward their
 trials) and, with --workers, spread over worker processes.
@@ -35,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from space import Config, Shape
+from space import Config, Shape, causal_mask
 
 from ..build.spill_policy import SpillPolicy
 from ..store.nearest import distance
@@ -152,7 +158,10 @@ def _entry(values: dict, where: str) -> Entry:
         raise CampaignError(f"{where}: unknown key(s) {unknown}; shape keys are {sorted(SHAPE_KEYS)}, search keys "
                             f"{sorted(SEARCH_KEYS)}")
     try:
-        shape = Shape(**{SHAPE_KEYS[k]: v for k, v in values.items() if k in SHAPE_KEYS})
+        fields = {SHAPE_KEYS[k]: v for k, v in values.items() if k in SHAPE_KEYS}
+        if "causal" in fields:  # true, false, "upper_left" or "lower_right", as autotune.attention takes it
+            fields["causal"], fields["causal_align"] = causal_mask(fields["causal"])
+        shape = Shape(**fields)
     except (TypeError, ValueError) as e:
         raise CampaignError(f"{where}: {e}") from None
     options = {}

@@ -15,7 +15,9 @@ winners that another day measures behind their own finalists. So:
                   is shipped, with that figure as its row's TFLOPS
     recorded      the study attr `second_pass`: every finalist's figure in each pass and across them, the first
                   pass's winner and the shipped one, and the spread between passes (the standard deviation over
-                  the finalists of log(second / first) around its mean: what a process changes per config)
+                  the finalists of log(second / first) around its mean: what a process changes per config); and
+                  in the shipped row itself (best_table.PASS_FIELDS, exported with it): the shipped config's figure
+                  in each pass, and the runner-up's config and figures
 
 The winners of shapes the second pass does not reach (cut by the budget, unfinished, a failure, Ctrl-C) are
 stored as their first pass decided: nothing is lost by holding them.
@@ -128,6 +130,16 @@ class PassResult:
                                "across_tflops": a.figure, "status": a.status} for a in self.finalists]}
 
 
+def pass_figures(shipped: Across, runner_up: Across | None) -> dict:
+    """The best-table fields (best_table.PASS_FIELDS) of a shipped row: its figure in each pass, and the runner-up's
+    (the finalist next best across both), so the row says how far its lead held from one process to the next."""
+    out = {"first_pass_tflops": shipped.first, "second_pass_tflops": shipped.second}
+    if runner_up is not None:
+        out.update(runner_up_config_key=runner_up.config_key, runner_up_first_tflops=runner_up.first,
+                   runner_up_second_tflops=runner_up.second)
+    return out
+
+
 def first_pass(study) -> tuple[list[Finalist], int | None]:
     """The finalists that completed the first pass (study attr `retimed`), and the trial it kept."""
     done = [r for r in study.user_attrs.get("retimed") or [] if r.get("status") == "complete" and r.get("tflops")]
@@ -157,7 +169,9 @@ def second_pass(study, options, held: HeldStore, builder, evaluator, gpu_name: s
                              f.rounds, tuple(r.figures) if ok else (),
                              "complete" if ok else (r.outcome.status if r else "not timed")))
     both = [a for a in across if a.second]
-    shipped = max(both, key=lambda a: a.figure) if both else None
+    ranked = sorted(both, key=lambda a: a.figure, reverse=True)
+    shipped = ranked[0] if ranked else None
+    runner_up = ranked[1] if len(ranked) > 1 else None
     shifts = [math.log(a.second / a.first) for a in both]
     between = statistics.stdev(shifts) if len(shifts) >= 2 else None
     record = None
@@ -172,7 +186,7 @@ def second_pass(study, options, held: HeldStore, builder, evaluator, gpu_name: s
                                     time_ms=options.shape.flops / (figure * 1e12) * 1e3,
                                     spread_ms=max(times) - min(times), study=study.study_name,
                                     trial=shipped.number, kernel_source_hash=prov.get("kernel_source_hash"),
-                                    nvcc_version=prov.get("nvcc_version"))
+                                    nvcc_version=prov.get("nvcc_version"), **pass_figures(shipped, runner_up))
         record = held.store(entry, f"{study.study_name} #{shipped.number} (second pass)")
     result = PassResult(options.shape.key, tuple(across), first_winner, shipped, between, record)
     study.set_user_attr(ATTR, result.as_attr())
@@ -182,4 +196,4 @@ def second_pass(study, options, held: HeldStore, builder, evaluator, gpu_name: s
 
 
 __all__ = ["ATTR", "Across", "Finalist", "HeldStore", "PassResult", "first_pass", "needs_second_pass",
-           "second_pass"]
+           "pass_figures", "second_pass"]

@@ -33,6 +33,15 @@ def default_study_name(gpu_name: str, shape: Shape, families: tuple[str, ...] | 
     return f"{name}-{'+'.join(families)}" if families else name
 
 
+def _same_shape(recorded, shape: Shape) -> bool:
+    """Whether a study's recorded shape attr is `shape`: a study recorded before causal alignments were part of the
+    shape has no `causal_align`, and was measured upper-left (Shape's default)."""
+    try:
+        return Shape(**recorded) == shape
+    except (TypeError, ValueError):
+        return False
+
+
 def open_study(name: str, storage, sampler, shape: Shape, arch: Arch, gpu_name: str, provenance: dict,
                log=print):
     """Create or load the study; refuse one made for another shape or arch; record the study attrs."""
@@ -42,7 +51,7 @@ def open_study(name: str, storage, sampler, shape: Shape, arch: Arch, gpu_name: 
                                 load_if_exists=True)
     attrs = study.user_attrs
     shape_attr = dataclasses.asdict(shape)
-    if "shape" in attrs and attrs["shape"] != shape_attr:
+    if "shape" in attrs and not _same_shape(attrs["shape"], shape):
         raise StudyMismatchError(f"--study {name}: this study was made for shape {attrs['shape']}, not {shape_attr}; "
                                  "pick another --study name (or leave it out for the default)")
     if "arch" in attrs and attrs["arch"] != arch.name:

@@ -1,7 +1,8 @@
 """Warm start: the configs a fresh study of a shape tries first, taken from the shapes already tuned nearby.
 
 Neighbours are the best-per-shape rows (store/best_table.py) on the same GPU, arch, dtype, head_dim and causal
-flag (those decide which configs are valid at all), ranked by the runtime's nearest-neighbour metric
+flag (those decide which configs are valid at all) and a fitting causal alignment (store.nearest.alignment_fits: a
+lower-right decode row is no neighbour of an upper-left one of Nq != Nk, nor the other way round), ranked by the runtime's nearest-neighbour metric
 (store.nearest.distance: log2 seqlen and log2 batch·heads, so seqlen 2048 → 4096 is a distance of 1). The
 choice, up to `k` configs:
 
@@ -24,7 +25,7 @@ import space
 from space import Arch, Config, Shape
 
 from ..store.best_table import BestStore, StoreError, read_export, row_matches
-from ..store.nearest import distance
+from ..store.nearest import alignment_fits, distance
 from . import study as studies
 
 
@@ -44,7 +45,8 @@ def neighbour_configs(store, storage, shape: Shape, gpu_name: str, arch: Arch, k
     finally:
         if own:
             table.close()
-    ranked = sorted(rows, key=lambda r: (distance(shape, r.shape), -r.tflops))
+    # Rows of the other causal alignment (Nq != Nk) timed another mask: not neighbours (store.nearest.alignment_fits)
+    ranked = sorted((r for r in rows if alignment_fits(r.shape, shape)), key=lambda r: (distance(shape, r.shape), -r.tflops))
     chosen: list[Config] = []
     used: list[str] = []
 

@@ -2,7 +2,7 @@
 
 The runtime and `autotune best` read this table and never parse trials. One row per key
 
-    (gpu_name, arch, dtype, head_dim, causal, seqlen, seqlen_k, batch, heads, kv_heads)
+    (gpu_name, arch, dtype, head_dim, causal, causal_align, seqlen, seqlen_k, batch, heads, kv_heads)
 
 holding the winning config with its speed and provenance (study, trial, kernel source hash, nvcc version, date)
 and the sha256 of the cubin it was measured with (`cubin_hash`), which the runtime checks a cached kernel against
@@ -12,10 +12,21 @@ Nothing a user stored is lost: `record_best` keeps whichever row is faster, and 
 slower one the slower one is moved to `autotune_best_replaced` (same columns plus when and by what), never
 deleted. Our tables use their own SQLAlchemy metadata, so creating them never touches Optuna's tables, and the
 schema version sits in `autotune_meta` (Optuna's `alembic_version` table is Optuna's) and says what an opening
-migrates from. Versions: 1, the first; 2 adds the nullable `cubin_hash` to both tables. Opening a version-1 table
-for writing adds the column (ALTER TABLE ... ADD COLUMN, by whichever of several processes opening at once gets
-there first) and writes 2; its old rows keep every value and have no cubin hash. Opened read-only, a version-1
-table is read as it is (nothing is written), its rows without a hash.
+migrates from. Versions: 1, the first; 2 adds the nullable `cubin_hash` to both tables; 3 adds `causal_align`
+("upper_left" or "lower_right", space.CAUSAL_ALIGNS) to both tables and to the key: a causal shape with Nq != Nk is
+two shapes, one per alignment (for Nq == Nk, or without a mask, the alignment is always "upper_left":
+space.canonical_align, so the two spellings of one function are one key). Opening an older table for writing
+migrates it (by whichever of several processes opening at once gets there first) and writes 3: cubin_hash by ALTER
+TABLE ... ADD COLUMN, causal_align as a column NOT NULL DEFAULT 'upper_left' (what every older row was measured
+with) with the unique key rebuilt around it (PostgreSQL: the constraint dropped and added again; SQLite, which
+cannot alter a constraint: the table copied into a new one with every row and id, in one transaction). Old rows
+keep every value; they have no cubin hash and are upper-left. Version 4 adds the two passes of a campaign
+(search/campaign_passes.py), nullable, to both tables: `first_pass_tflops` and `second_pass_tflops`, the shipped
+config's figures in the first pass (its search's finale) and in the second (another process, later), whose
+geometric mean is the row's `tflops`; and the runner-up's (the finalist next best across both passes):
+`runner_up_config_key`, `runner_up_first_tflops`, `runner_up_second_tflops`. A row stored without a second pass
+(a single search, an older row) has them null. Opened read-only, an older table is read as it is (nothing is
+written), its rows without a hash, upper-left and without passes.
 
 Export/import is reviewable JSON: rows sorted by key, keys sorted, indented; import merges row by row with the
 same keep-the-faster rule and reports what it did.
@@ -35,8 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import (JSON, Boolean, DateTime, Float, Integer, MetaData, String, UniqueConstraint, create_engine, inspect,
-                        select, text, update)
+from sqlalchemy import (JSON, Boolean, DateTime, Float, Integer, MetaData, String, UniqueConstraint, create_engine, false,
+                        inspect, select, text, update)
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, defer, mapped_column
@@ -45,17 +56,24 @@ import space
 
 from . import storage_url, tables, transient
 
-SCHEMA_VERSION = 2
-ADDED_COLUMNS = {2: ("cubin_hash",)}  # schema version → the columns it added (migrated on a writable open)
+SCHEMA_VERSION = 4
+PASS_FIELDS = ("first_pass_tflops", "second_pass_tflops", "runner_up_config_key", "runner_up_first_tflops",
+               "runner_up_second_tflops")
+ADDED_COLUMNS = {2: ("cubin_hash",), 3: ("causal_align",), 4: PASS_FIELDS}  # schema version → the columns it added (migrated on a
+# writable open; read-only, a column the table lacks reads as its default: ABSENT_DEFAULTS)
+KEY_COLUMNS_ADDED = {3: "causal_align"}  # added columns that are part of the unique key (the key is rebuilt)
 TABLE = "autotune_best"
 REPLACED_TABLE = "autotune_best_replaced"
 META_TABLE = "autotune_meta"
 SCHEMA_KEY = f"{TABLE}.schema_version"
 EXPORT_FORMAT = "autotune-best"
 
-KEY_FIELDS = ("gpu_name", "arch", "dtype", "head_dim", "causal", "seqlen", "seqlen_k", "batch", "heads", "kv_heads")
+KEY_FIELDS = ("gpu_name", "arch", "dtype", "head_dim", "causal", "causal_align", "seqlen", "seqlen_k", "batch", "heads",
+              "kv_heads")
+# What a row that lacks a column (an older table read read-only, an older export) means by it.
+ABSENT_DEFAULTS = {"causal_align": "upper_left", "cubin_hash": None, **{f: None for f in PASS_FIELDS}}
 VALUE_FIELDS = ("family", "config_key", "config", "tflops", "time_ms", "spread_ms", "study", "trial",
-                "kernel_source_hash", "nvcc_version", "created", "cubin_hash")
+                "kernel_source_hash", "nvcc_version", "created", "cubin_hash") + PASS_FIELDS
 
 
 class StoreError(RuntimeError):
@@ -72,6 +90,8 @@ class _Columns:
     dtype: Mapped[str] = mapped_column(String(8))
     head_dim: Mapped[int] = mapped_column(Integer)
     causal: Mapped[bool] = mapped_column(Boolean)
+    # schema 3: where the causal mask is aligned (space.CAUSAL_ALIGNS); "upper_left" for every older row
+    causal_align: Mapped[str] = mapped_column(String(16), default="upper_left", server_default="upper_left")
     seqlen: Mapped[int] = mapped_column(Integer)
     seqlen_k: Mapped[int] = mapped_column(Integer)
     batch: Mapped[int] = mapped_column(Integer)
@@ -89,6 +109,12 @@ class _Columns:
     nvcc_version: Mapped[str | None] = mapped_column(String(512), nullable=True)
     created: Mapped[dt.datetime] = mapped_column(DateTime)  # naive UTC: SQLite keeps no zone
     cubin_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)  # schema 2: sha256 of the cubin timed
+    # schema 4: a campaign's two passes (module docstring)
+    first_pass_tflops: Mapped[float | None] = mapped_column(Float, nullable=True)
+    second_pass_tflops: Mapped[float | None] = mapped_column(Float, nullable=True)
+    runner_up_config_key: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    runner_up_first_tflops: Mapped[float | None] = mapped_column(Float, nullable=True)
+    runner_up_second_tflops: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class _BestRow(_Columns, _Base):
@@ -113,7 +139,7 @@ class _MetaRow(_Base):
 def shape_key(gpu_name: str, arch: str, shape) -> dict[str, Any]:
     """The key columns of a row for a space.Shape on one GPU and arch."""
     return dict(gpu_name=gpu_name, arch=arch, dtype=shape.dtype, head_dim=shape.head_dim, causal=shape.causal,
-                seqlen=shape.seqlen_q, seqlen_k=shape.seqlen_k, batch=shape.batch, heads=shape.heads,
+                causal_align=shape.causal_align, seqlen=shape.seqlen_q, seqlen_k=shape.seqlen_k, batch=shape.batch, heads=shape.heads,
                 kv_heads=shape.kv_heads)
 
 
@@ -151,10 +177,21 @@ class BestEntry:
     nvcc_version: str | None = None
     created: dt.datetime = field(default_factory=utcnow)
     cubin_hash: str | None = None  # sha256 (hex) of the cubin the row was measured with; None for older rows
+    causal_align: str = "upper_left"  # part of the key (KEY_FIELDS); space.canonical_align keeps one spelling
+    # A campaign's two passes (module docstring); None for a row stored without a second pass.
+    first_pass_tflops: float | None = None
+    second_pass_tflops: float | None = None
+    runner_up_config_key: str | None = None
+    runner_up_first_tflops: float | None = None
+    runner_up_second_tflops: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.tflops, (int, float)) or not math.isfinite(self.tflops) or self.tflops <= 0:
             raise ValueError(f"tflops: expected a positive finite number, got {self.tflops!r}")
+        if not isinstance(self.causal_align, str) or self.causal_align not in space.CAUSAL_ALIGNS:
+            raise ValueError(f"causal_align: expected one of {space.CAUSAL_ALIGNS}, got {self.causal_align!r}")
+        if self.causal_align != "upper_left" and (not self.causal or self.seqlen == self.seqlen_k):
+            object.__setattr__(self, "causal_align", "upper_left")  # the same function: the same key
         if self.created.tzinfo is None:  # rows read back from SQLite: naive means UTC here
             object.__setattr__(self, "created", self.created.replace(tzinfo=dt.timezone.utc))
 
@@ -171,7 +208,8 @@ class BestEntry:
     @property
     def shape(self):
         return space.Shape(batch=self.batch, heads=self.heads, seqlen_q=self.seqlen, seqlen_k=self.seqlen_k,
-                           head_dim=self.head_dim, dtype=self.dtype, causal=self.causal, kv_heads=self.kv_heads)
+                           head_dim=self.head_dim, dtype=self.dtype, causal=self.causal, kv_heads=self.kv_heads,
+                           causal_align=self.causal_align)
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -182,7 +220,8 @@ class BestEntry:
     def from_json(cls, d: dict[str, Any], where: str = "row") -> "BestEntry":
         if not isinstance(d, dict):
             raise StoreError(f"{where}: expected an object, got {type(d).__name__}")
-        missing = [f for f in KEY_FIELDS + ("family", "config_key", "config", "tflops") if f not in d]
+        missing = [f for f in KEY_FIELDS + ("family", "config_key", "config", "tflops")
+                   if f not in d and f not in ABSENT_DEFAULTS]
         if missing:
             raise StoreError(f"{where}: missing field(s) {missing}")
         unknown = sorted(set(d) - set(KEY_FIELDS) - set(VALUE_FIELDS))
@@ -200,6 +239,9 @@ class BestEntry:
                 raise StoreError(f"{where}: {name}: expected an integer, got {values[name]!r}")
         if not isinstance(values["causal"], bool):
             raise StoreError(f"{where}: causal: expected true or false, got {values['causal']!r}")
+        if "causal_align" in values and values["causal_align"] not in space.CAUSAL_ALIGNS:
+            raise StoreError(f"{where}: causal_align: expected one of {', '.join(map(repr, space.CAUSAL_ALIGNS))}, "
+                             f"got {values['causal_align']!r}")
         if not isinstance(values["config"], dict):
             raise StoreError(f"{where}: config: expected an object, got {values['config']!r}")
         try:
@@ -264,6 +306,17 @@ def row_problem(e: BestEntry) -> str | None:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (
                 low == "positive" and v == 0):
             return f"{name}: expected a {low} finite number, got {v!r}"
+    for name in ("first_pass_tflops", "second_pass_tflops", "runner_up_first_tflops", "runner_up_second_tflops"):
+        v = getattr(e, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+            return f"{name}: expected a positive finite number or null, got {v!r}"
+    if e.runner_up_config_key is not None:
+        try:
+            parse_config_key(e.runner_up_config_key)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            return f"runner_up_config_key {e.runner_up_config_key!r} not understood: {err}"
+    elif e.runner_up_first_tflops is not None or e.runner_up_second_tflops is not None:
+        return "runner_up_first_tflops/runner_up_second_tflops: given without runner_up_config_key"
     if e.trial is not None and (isinstance(e.trial, bool) or not isinstance(e.trial, int) or e.trial < 0):
         return f"trial: expected a trial number, got {e.trial!r}"
     if e.cubin_hash is not None and not (isinstance(e.cubin_hash, str) and re.fullmatch(r"[0-9a-f]{64}", e.cubin_hash)):
@@ -362,29 +415,84 @@ class BestStore:
         self._migrate(found, added)
 
     def _migrate(self, found: int, added: tuple[str, ...]) -> None:
-        """From schema `found` to SCHEMA_VERSION: add the columns the versions since added, to both tables (nullable:
-        old rows keep every value). Several processes may migrate at once: a column another one added between our
-        look and our ALTER is fine."""
+        """From schema `found` to SCHEMA_VERSION: add the columns the versions since added, to both tables (old rows
+        keep every value: a new column is nullable, or NOT NULL with the default every older row was measured
+        with), and rebuild the unique key around the added key columns. Several processes may migrate at once: a
+        column another one added between our look and our ALTER is fine, and each key rebuild looks again under
+        the table's lock."""
+        key_added = [c for v, c in KEY_COLUMNS_ADDED.items() if v > found]
         for table in (TABLE, REPLACED_TABLE):
             for name in added:
-                column = _BestRow.__table__.c[name]
-                kind = column.type.compile(dialect=self.engine.dialect)
+                if table == TABLE and name in key_added and self.engine.dialect.name == "sqlite":
+                    continue  # the copy into a rebuilt table adds it (_rebuild_sqlite_key)
                 if name in {c["name"] for c in inspect(self.engine).get_columns(table)}:
                     continue
                 try:
                     with self.engine.begin() as conn:
-                        conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {kind}"))
+                        conn.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {self._column_ddl(name)}"))
                 except SQLAlchemyError:
                     if name not in {c["name"] for c in inspect(self.engine).get_columns(table)}:
                         raise
+        if key_added:
+            transient.call(self._rebuild_key, reset=self.engine.dispose)
         with Session(self.engine) as s, s.begin():  # written last: a migration cut short is done again next time
             row = s.get(_MetaRow, SCHEMA_KEY)
             if int(row.value) < SCHEMA_VERSION:
                 row.value = str(SCHEMA_VERSION)
 
+    def _column_ddl(self, name: str) -> str:
+        """The type (and NOT NULL DEFAULT, for a column older rows have a value for) of an added column."""
+        column = _BestRow.__table__.c[name]
+        kind = column.type.compile(dialect=self.engine.dialect)
+        if column.nullable:
+            return kind
+        return f"{kind} NOT NULL DEFAULT '{ABSENT_DEFAULTS[name]}'"
+
+    def _key_is_current(self, conn) -> bool:
+        want = set(KEY_FIELDS)
+        return any(set(u["column_names"]) == want for u in inspect(conn).get_unique_constraints(TABLE))
+
+    def _rebuild_key(self) -> None:
+        """The unique key over KEY_FIELDS, in one transaction under the table's lock, if it is not so already."""
+        name = f"uq_{TABLE}_shape"
+        with self.engine.begin() as conn:
+            if self.engine.dialect.name == "sqlite":
+                # pysqlite begins a transaction at the first write: this no-op one takes the write lock, so a second
+                # process migrating at once waits here and then finds the key rebuilt
+                conn.execute(update(_MetaRow).where(_MetaRow.key == SCHEMA_KEY).values(value=_MetaRow.value))
+                if not self._key_is_current(conn):
+                    self._rebuild_sqlite_key(conn)
+                return
+            conn.execute(text(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE"))
+            if self._key_is_current(conn):
+                return
+            conn.execute(text(f"ALTER TABLE {TABLE} DROP CONSTRAINT IF EXISTS {name}"))
+            conn.execute(text(f"ALTER TABLE {TABLE} ADD CONSTRAINT {name} UNIQUE ({', '.join(KEY_FIELDS)})"))
+
+    def _rebuild_sqlite_key(self, conn) -> None:
+        """SQLite cannot alter a table's constraints: create the table anew beside it, copy every row (ids
+        included; the key columns a version added take their ABSENT_DEFAULTS), drop the old one, rename."""
+        from sqlalchemy.schema import CreateTable
+
+        new = f"{TABLE}__rebuilt"
+        have = {c["name"] for c in inspect(conn).get_columns(TABLE)}
+        conn.execute(text(f"DROP TABLE IF EXISTS {new}"))  # left by nothing (one transaction), but be sure
+        ddl = str(CreateTable(_BestRow.__table__).compile(dialect=self.engine.dialect))
+        conn.execute(text(ddl.replace(f"CREATE TABLE {TABLE} ", f"CREATE TABLE {new} ", 1)))
+        columns = [c.name for c in _BestRow.__table__.columns]
+        values = [c if c in have else f"'{ABSENT_DEFAULTS[c]}'" if ABSENT_DEFAULTS.get(c) is not None else "NULL"
+                  for c in columns]
+        conn.execute(text(f"INSERT INTO {new} ({', '.join(columns)}) SELECT {', '.join(values)} FROM {TABLE}"))
+        conn.execute(text(f"DROP TABLE {TABLE}"))
+        conn.execute(text(f"ALTER TABLE {new} RENAME TO {TABLE}"))
+
     def _query(self, *where, **filters):
-        """select(_BestRow) for the columns the table has (an older schema read read-only lacks some)."""
-        query = select(_BestRow).filter_by(**filters)
+        """select(_BestRow) for the columns the table has (an older schema read read-only lacks some: a filter on
+        one of those matches every row when it asks for the value older rows mean, ABSENT_DEFAULTS, else none)."""
+        absent = {k: v for k, v in filters.items() if k in self._unread}
+        query = select(_BestRow).filter_by(**{k: v for k, v in filters.items() if k not in absent})
+        if any(v != ABSENT_DEFAULTS.get(k) for k, v in absent.items()):
+            query = query.where(false())
         if where:
             query = query.where(*where)
         return query.options(*(defer(getattr(_BestRow, c), raiseload=True) for c in self._unread))

@@ -15,4 +15,12 @@ def distance(a: Shape, b: Shape) -> float:
     return math.sqrt(0.5 * dq * dq + 0.5 * dk * dk + dbh * dbh)
 
 
-__all__ = ["distance"]
+def alignment_fits(row: Shape, shape: Shape) -> bool:
+    """Whether a tuned row's shape may stand in for `shape` (a nearest neighbour, a warm start) by the causal mask's
+    alignment: the same alignment, or a square row or shape (Nq == Nk: both alignments are one mask there). An
+    upper-left row of Nq != Nk timed a mostly masked kernel, a lower-right one a nearly full one: never the other's."""
+    return (row.causal_align == shape.causal_align or row.seqlen_q == row.seqlen_k
+            or shape.seqlen_q == shape.seqlen_k)
+
+
+__all__ = ["alignment_fits", "distance"]
