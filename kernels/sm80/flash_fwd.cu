@@ -66,9 +66,11 @@ template <int kN>
 __device__ __forceinline__ void load_kv_item(uint32_t kv_base, const uint16_t* k_g, const uint16_t* v_g,
                                              const FlashFwdParams& p, int tile0, int item, int tid) {
     const bool is_v = item & 1;
+    // Unsplit builds keep the expression they always had, to the letter: the d128 defaults sit at ptxas' 255-register
+    // cap, and the same sum written with tile0 = 0 made sm_100's and sm_103's spill.
+    const int row0 = kSplit ? (tile0 + (item >> 1)) * kBc : (item >> 1) * kBc;
     load_tile<kBc, kKVStride, kN>(kv_base + (item % kKvSlots) * kKVSlotBytes, is_v ? v_g : k_g,
-                                  is_v ? p.v_row_stride : p.k_row_stride, (tile0 + (item >> 1)) * kBc, p.seqlen_k,
-                                  tid);
+                                  is_v ? p.v_row_stride : p.k_row_stride, row0, p.seqlen_k, tid);
 }
 
 // The row max and row sum of a tile: one dependent chain (fewest live registers), or a pairwise tree
