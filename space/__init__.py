@@ -6,10 +6,12 @@ from .config import (
     get_family, is_valid, layout, valid_configs, violations,
 )
 from .problem import DECODE_MAX_QUERIES, DTYPES, HEAD_DIMS, Problem, Shape
+from .split_kv import judged_configs
 from . import mma_sync, wgmma  # noqa: F401  (registers the families)
 
 __all__ = [
     "ARCHES", "Arch", "get_arch", "FAMILIES", "Axis", "Config", "Family", "Layout", "Rule", "Violation",
-    "default_config", "default_config_for_shape", "defines", "enumerate_configs", "get_family", "is_valid", "layout", "valid_configs",
+    "default_config", "default_config_for_shape", "defines", "enumerate_configs", "get_family", "is_valid", "judged_configs",
+    "layout", "valid_configs",
     "violations", "DECODE_MAX_QUERIES", "DTYPES", "HEAD_DIMS", "Problem", "Shape",
 ]

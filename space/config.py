@@ -117,6 +117,14 @@ class Family:
     valid: Callable[[Problem, Arch], list["Config"]] | None = None
     # A default for shapes the problem-level one serves badly (decode: split-KV, packed GQA), or None to keep it.
     shape_default: Callable[[Any, Arch], "Config | None"] | None = None
+    # The decode axes: the last of `axes`, read by `decode_rules` alone (not by the layout nor any other rule), so a
+    # space is judged once per combination of the other axes and then expanded (space/split_kv.py).
+    decode_axes: tuple[str, ...] = ()
+    decode_rules: tuple[Rule, ...] = ()
+
+    def __post_init__(self):
+        if self.decode_axes and tuple(a.name for a in self.axes[-len(self.decode_axes):]) != self.decode_axes:
+            raise ValueError(f"family {self.name!r}: decode_axes {self.decode_axes} must be its last axes")
 
     def axis(self, name: str) -> Axis:
         for a in self.axes:

@@ -219,11 +219,11 @@ DECODE_RULES = (kv_splits_range,)
 def valid_mma_sync_configs(p: Problem, a: Arch) -> list[Config]:
     """space.valid_configs for this family, in the same order, without checking the whole cross product (kv_splits
     multiplies it by 6): tests/test_space_vs_compiler.py compares it with the brute force on a sample."""
-    return valid_expanded("mma_sync", AXES, DECODE_AXES, DECODE_RULES, layout, p, a)
+    return valid_expanded("mma_sync", p, a)
 
 
 FAMILY = register_family(Family(
     name="mma_sync", source="sm80/flash_fwd.cu", entry="flash_fwd_mma_sync",
     axes=AXES, rules=RULES, layout=layout, default=default, shape_default=decode_default,
-    valid=valid_mma_sync_configs,
+    valid=valid_mma_sync_configs, decode_axes=DECODE_AXES, decode_rules=DECODE_RULES,
 ))

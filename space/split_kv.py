@@ -7,10 +7,10 @@ kernels/common/split_combine.cuh) and their decode axes come last, read by their
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from typing import Iterator, Mapping, Sequence
 
 from .arch import Arch
-from .config import Axis, Config, Rule, violations
+from .config import Config, Family, Violation, enumerate_configs, get_family, violations
 from .problem import Problem
 
 # Split only while each split keeps at least this many key tiles (the combine's cost and the prologue amortised).
@@ -32,23 +32,53 @@ def splits_for(ctas: int, slots: int, n_tiles: int, options: Sequence[int]) -> i
     return min(s for s in allowed if fill(s) >= good - 1e-9)
 
 
-def valid_expanded(family: str, axes: Sequence[Axis], decode_axes: Sequence[str], decode_rules: Sequence[Rule],
-                   layout, p: Problem, a: Arch) -> list[Config]:
-    """space.valid_configs for a family whose last axes are `decode_axes`, read by `decode_rules` alone (the layout,
-    and so every resource rule, does not read them), in the same order: every other rule is checked once per
-    combination of the other axes, then the combination is expanded by the decode axes' values."""
-    assert tuple(ax.name for ax in axes[-len(decode_axes):]) == tuple(decode_axes)
-    base_axes = axes[:-len(decode_axes)]
-    names = tuple(ax.name for ax in base_axes)
-    expansions = tuple(itertools.product(*(ax.values for ax in axes[-len(decode_axes):])))
+def _expansion(fam: Family, domains: Mapping[str, tuple] | None = None):
+    """(names of the other axes, their value combinations, the decode axes' value combinations); `domains` narrows
+    the axes it names as in enumerate_configs."""
+    n = len(fam.decode_axes)
+    values = [tuple(domains[ax.name]) if domains and ax.name in domains else ax.values for ax in fam.axes]
+    return (tuple(ax.name for ax in fam.axes[:-n]), itertools.product(*values[:-n]),
+            tuple(itertools.product(*values[-n:])))
+
+
+def valid_expanded(family: str, p: Problem, a: Arch) -> list[Config]:
+    """space.valid_configs for a family with decode axes (Family.decode_axes), in the same order: every other rule
+    is checked once per combination of the other axes, and a valid combination is expanded by the decode axes'
+    values that its decode rules allow."""
+    fam = get_family(family)
+    names, combos, expansions = _expansion(fam)
     out = []
-    for combo in itertools.product(*(ax.values for ax in base_axes)):
-        base = Config(family, tuple(zip(names, combo)) + tuple(zip(decode_axes, expansions[0])))
+    for combo in combos:
+        base = Config(family, tuple(zip(names, combo)) + tuple(zip(fam.decode_axes, expansions[0])))
         if violations(base, p, a):
             continue
-        lay = layout(base, p)
+        lay = fam.layout(base, p)
         for values in expansions:
-            c = base if values == expansions[0] else Config(family, base.values[:len(names)] + tuple(zip(decode_axes, values)))
-            if not any(rule.check(c, p, a, lay) for rule in decode_rules):
+            c = base if values == expansions[0] else Config(family, base.values[:len(names)] + tuple(zip(fam.decode_axes, values)))
+            if not any(rule.check(c, p, a, lay) for rule in fam.decode_rules):
                 out.append(c)
     return out
+
+
+def judged_configs(family: str, p: Problem, a: Arch,
+                   domains: Mapping[str, tuple] | None = None) -> Iterator[tuple[Config, list[Violation]]]:
+    """Every config of the family's cross product (narrowed by `domains` as in enumerate_configs) with
+    space.violations' verdict on it, in enumerate_configs order: the other rules judged once per combination of
+    the other axes, the decode rules per config (for a family without decode axes, or one not on the arch, simply
+    violations() of each)."""
+    fam = get_family(family)
+    if not fam.decode_axes or fam.name not in a.families:
+        for c in enumerate_configs(family, domains):
+            yield c, violations(c, p, a)
+        return
+    names, combos, expansions = _expansion(fam, domains)
+    decode = [(i, r) for i, r in enumerate(fam.rules) if r in fam.decode_rules]
+    for combo in combos:
+        base = Config(family, tuple(zip(names, combo)) + tuple(zip(fam.decode_axes, expansions[0])))
+        lay = fam.layout(base, p)
+        found = [(i, Violation(r.name, msg)) for i, r in enumerate(fam.rules)
+                 if r not in fam.decode_rules and (msg := r.check(base, p, a, lay))]
+        for values in expansions:
+            c = base if values == expansions[0] else Config(family, base.values[:len(names)] + tuple(zip(fam.decode_axes, values)))
+            more = [(i, Violation(r.name, msg)) for i, r in decode if (msg := r.check(c, p, a, lay))]
+            yield c, [v for _, v in sorted(found + more, key=lambda iv: iv[0])] if more else [v for _, v in found]

@@ -307,11 +307,11 @@ DECODE_RULES = (kv_splits_range, split_pack_need_grid, kv_splits_store_direct)
 def valid_wgmma_configs(p: Problem, a: Arch) -> list[Config]:
     """space.valid_configs for this family, in the same order, without checking the whole cross product (the
     decode axes multiply it by 20): tests/test_wgmma_compile.py compares it with the brute force on a sample."""
-    return valid_expanded("wgmma", AXES, DECODE_AXES, DECODE_RULES, layout, p, a)
+    return valid_expanded("wgmma", p, a)
 
 
 FAMILY = register_family(Family(
     name="wgmma", source="sm90/flash_fwd.cu", entry="flash_fwd_wgmma",
     axes=AXES, rules=RULES, layout=layout, default=default, shape_default=decode_default,
-    valid=valid_wgmma_configs,
+    valid=valid_wgmma_configs, decode_axes=DECODE_AXES, decode_rules=DECODE_RULES,
 ))
