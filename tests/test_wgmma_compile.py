@@ -233,3 +233,4 @@ def test_the_fast_valid_configs_are_the_brute_forces(problem):
     for c in random.Random(SEED).sample(everything, 4000) + fast[::50]:
         assert space.is_valid(c, problem, ARCH) == (c in chosen), c.key
     assert space.valid_configs(problem, ARCH, ("wgmma",)) == fast
+
