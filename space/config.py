@@ -168,6 +168,19 @@ class Config:
             if free:
                 attrs[n] = v
 
+    def with_tail(self, tail: tuple[tuple[str, Any], ...]) -> "Config":
+        """This config with its last len(tail) axes set to `tail` ((name, value) pairs of those axes, in order),
+        unchecked, its other attributes copied rather than set again: the expansion of a space's decode axes makes
+        a million of these (space/split_kv.py), and __post_init__ was a quarter of that time."""
+        c = object.__new__(Config)
+        attrs = c.__dict__
+        attrs.update(self.__dict__)
+        attrs["values"] = self.values[:len(self.values) - len(tail)] + tail
+        for n, v in tail:
+            if n in attrs:
+                attrs[n] = v
+        return c
+
     @classmethod
     def make(cls, family: str = "mma_sync", **values) -> "Config":
         fam = get_family(family)

@@ -47,14 +47,15 @@ def valid_expanded(family: str, p: Problem, a: Arch) -> list[Config]:
     values that its decode rules allow."""
     fam = get_family(family)
     names, combos, expansions = _expansion(fam)
+    tails = [tuple(zip(fam.decode_axes, values)) for values in expansions]
     out = []
     for combo in combos:
-        base = Config(family, tuple(zip(names, combo)) + tuple(zip(fam.decode_axes, expansions[0])))
+        base = Config(family, tuple(zip(names, combo)) + tails[0])
         if violations(base, p, a):
             continue
         lay = fam.layout(base, p)
-        for values in expansions:
-            c = base if values == expansions[0] else Config(family, base.values[:len(names)] + tuple(zip(fam.decode_axes, values)))
+        for tail in tails:
+            c = base if tail is tails[0] else base.with_tail(tail)
             if not any(rule.check(c, p, a, lay) for rule in fam.decode_rules):
                 out.append(c)
     return out
@@ -72,13 +73,16 @@ def judged_configs(family: str, p: Problem, a: Arch,
             yield c, violations(c, p, a)
         return
     names, combos, expansions = _expansion(fam, domains)
-    decode = [(i, r) for i, r in enumerate(fam.rules) if r in fam.decode_rules]
+    tails = [tuple(zip(fam.decode_axes, values)) for values in expansions]
+    decode_ids = {id(r) for r in fam.decode_rules}
+    decode = [(i, r) for i, r in enumerate(fam.rules) if id(r) in decode_ids]
+    others = [(i, r) for i, r in enumerate(fam.rules) if id(r) not in decode_ids]
     for combo in combos:
-        base = Config(family, tuple(zip(names, combo)) + tuple(zip(fam.decode_axes, expansions[0])))
+        base = Config(family, tuple(zip(names, combo)) + tails[0])
         lay = fam.layout(base, p)
-        found = [(i, Violation(r.name, msg)) for i, r in enumerate(fam.rules)
-                 if r not in fam.decode_rules and (msg := r.check(base, p, a, lay))]
-        for values in expansions:
-            c = base if values == expansions[0] else Config(family, base.values[:len(names)] + tuple(zip(fam.decode_axes, values)))
+        found = [(i, Violation(r.name, msg)) for i, r in others if (msg := r.check(base, p, a, lay))]
+        broken = [v for _, v in found]
+        for tail in tails:
+            c = base if tail is tails[0] else base.with_tail(tail)
             more = [(i, Violation(r.name, msg)) for i, r in decode if (msg := r.check(c, p, a, lay))]
-            yield c, [v for _, v in sorted(found + more, key=lambda iv: iv[0])] if more else [v for _, v in found]
+            yield c, [v for _, v in sorted(found + more, key=lambda iv: iv[0])] if more else list(broken)
