@@ -18,6 +18,7 @@ import pytest
 
 import space
 from autotune.build.builder import Builder
+from autotune.launch.loader import COMBINE_ENTRY
 
 PROBLEMS = tuple(space.Problem(d, t, c) for d, t, c in itertools.product(space.HEAD_DIMS, space.DTYPES, (False, True)))
 
@@ -94,3 +95,8 @@ def test_every_default_builds_without_spilling(arch_name, build_cache_dir):
     assert len(results) == len(items)
     bad = spill_failures(results)
     assert not bad, f"{len(bad)} of {len(items)} defaults on {arch_name} do not build cleanly:\n" + "\n".join(bad)
+    # every cubin exports split-KV's merge beside the attention kernel: the loader launches both from one module
+    for r in results:
+        symbols = r.cubin_bytes()
+        for entry in (space.get_family(r.config.family).entry, COMBINE_ENTRY):
+            assert b"\0" + entry.encode() + b"\0" in symbols, f"{r.config.key}: no {entry} in {r.cubin_path}"
