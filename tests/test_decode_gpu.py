@@ -13,7 +13,9 @@ mma_sync (MMA_PLAN × MMA_CASES, a few hundred checks from under 50 builds): eve
 decode tile (64 × 64, 4 warps), each split count against key lengths below splits × Bc (splits with no key tile),
 odd lengths and Nk = 1; the decode default of every problem; splits with the other loops of the family (P through
 shared memory with a warp split of the key columns, loader warps, a shared K/V buffer, conditional rescaling,
-Q in registers); GQA 1-8, causal top-left and bottom-right with Nq 4.
+Q in registers, two m16 tiles per warp); GQA 1-8, causal top-left and bottom-right with Nq 4. Every build is one that
+compiles without spills for sm_90 (checked on CPU when the plan changed: builds of 255-register tiles such as
+128 × 32 at d128 causal spill once split, which the search's spill policy prunes).
 """
 from __future__ import annotations
 
@@ -117,8 +119,13 @@ def mma_plan_for(problem: Problem) -> list[Config]:
                 for b, n in ((1, 4096), (1, 32768))]
     configs += [tile.replace(br=64, bc=64, warps_m=2, warps_n=2, p_path="smem", kv_splits=4),
                 tile.replace(loader_warps=1, kv_buffering="double", kv_splits=8),
-                tile.replace(kv_buffering="shared", o_rescale="on_growth", kv_splits=2),
-                tile.replace(br=128, bc=32, q_in_regs=True, softmax_reduce="tree", kv_splits=16)]
+                tile.replace(kv_buffering="shared", o_rescale="on_growth", kv_splits=2)]
+    # Q in registers (not at d256) and two m16 tiles per warp, whose rows each split's epilogue writes (d64 only):
+    # elsewhere their accumulators reach ptxas' 255-register cap and spill (the matrix asserts no spill)
+    if problem.head_dim < 256:
+        configs.append(tile.replace(q_in_regs=True, softmax_reduce="tree", kv_splits=16))
+    if problem.head_dim == 64:
+        configs.append(tile.replace(warps_m=2, kv_splits=32))
     return [c for c in dict.fromkeys(configs) if space.is_valid(c, problem, MMA_ARCH)]
 
 
