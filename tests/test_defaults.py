@@ -100,3 +100,32 @@ def test_every_default_builds_without_spilling(arch_name, build_cache_dir):
         symbols = r.cubin_bytes()
         for entry in (space.get_family(r.config.family).entry, COMBINE_ENTRY):
             assert b"\0" + entry.encode() + b"\0" in symbols, f"{r.config.key}: no {entry} in {r.cubin_path}"
+
+
+def test_untuned_decode_off_hopper_splits_the_keys_to_fill_the_sms():
+    """space.default_config_for_shape for decode on the archs without wgmma: the mma_sync decode tile, split so that
+    the CTAs fill their last wave (split_kv.GOOD_FILL) over Arch.sms × resident CTAs; prefill keeps its default."""
+    from dataclasses import replace
+
+    from space import split_kv
+
+    decode = space.Shape(batch=1, heads=32, kv_heads=8, seqlen_q=1, seqlen_k=32768)
+    assert space.default_config_for_shape(decode, space.get_arch("sm_90")).family == "wgmma"
+    for arch in (a for a in space.ARCHES.values() if "wgmma" not in a.families):
+        c = space.default_config_for_shape(decode, arch)
+        assert c.family == "mma_sync" and (c.br, c.bc, c.kv_splits > 1) == (64, 64, True), arch.name
+        slots = arch.sms * space.mma_sync.resident_ctas_per_sm(c, decode.problem, arch)
+
+        def fill(s: int) -> float:
+            return decode.batch * decode.heads * s / (-(-decode.batch * decode.heads * s // slots) * slots)
+
+        best = max(fill(s) for s in space.mma_sync.KV_SPLITS)  # every count keeps >= 2 of 512 tiles here
+        assert fill(c.kv_splits) >= min(split_kv.GOOD_FILL, best) - 1e-9, arch.name
+        assert all(fill(s) < min(split_kv.GOOD_FILL, best) - 1e-9 for s in space.mma_sync.KV_SPLITS
+                   if s < c.kv_splits), arch.name  # and it is the fewest that do
+        # a short cache keeps one split (two would leave a split fewer than MIN_TILES_PER_SPLIT tiles)
+        assert space.default_config_for_shape(replace(decode, seqlen_k=100), arch).kv_splits == 1
+        # more sequences fill the SMs by themselves: never more splits
+        assert space.default_config_for_shape(replace(decode, batch=64), arch).kv_splits <= c.kv_splits
+        prefill = space.Shape(batch=1, heads=32, kv_heads=8, seqlen_q=4096)
+        assert space.default_config_for_shape(prefill, arch) == space.default_config(prefill.problem, arch)
