@@ -117,6 +117,14 @@ class Family:
     valid: Callable[[Problem, Arch], list["Config"]] | None = None
     # A default for shapes the problem-level one serves badly (decode: split-KV, packed GQA), or None to keep it.
     shape_default: Callable[[Any, Arch], "Config | None"] | None = None
+    # The decode axes: the last of `axes`, read by `decode_rules` alone (not by the layout nor any other rule), so a
+    # space is judged once per combination of the other axes and then expanded (space/split_kv.py).
+    decode_axes: tuple[str, ...] = ()
+    decode_rules: tuple[Rule, ...] = ()
+
+    def __post_init__(self):
+        if self.decode_axes and tuple(a.name for a in self.axes[-len(self.decode_axes):]) != self.decode_axes:
+            raise ValueError(f"family {self.name!r}: decode_axes {self.decode_axes} must be its last axes")
 
     def axis(self, name: str) -> Axis:
         for a in self.axes:
@@ -150,10 +158,28 @@ class Config:
     def __post_init__(self):
         # Each axis also as a plain instance attribute: rules read them millions of times when a space is
         # enumerated, and __getattr__'s scan of `values` was half of that time. (Equality and hashing stay those of
-        # the two fields.)
+        # the two fields.) Written to the instance dict directly, and whether a name is free asked once per name:
+        # a space's valid configs are hundreds of thousands of Configs, and hasattr per axis was a third of that.
+        attrs = self.__dict__
         for n, v in self.values:
-            if not hasattr(Config, n):  # never shadow a field, method or property
-                object.__setattr__(self, n, v)
+            free = _FREE_NAMES.get(n)
+            if free is None:
+                free = _FREE_NAMES[n] = not hasattr(Config, n)  # never shadow a field, method or property
+            if free:
+                attrs[n] = v
+
+    def with_tail(self, tail: tuple[tuple[str, Any], ...]) -> "Config":
+        """This config with its last len(tail) axes set to `tail` ((name, value) pairs of those axes, in order),
+        unchecked, its other attributes copied rather than set again: the expansion of a space's decode axes makes
+        a million of these (space/split_kv.py), and __post_init__ was a quarter of that time."""
+        c = object.__new__(Config)
+        attrs = c.__dict__
+        attrs.update(self.__dict__)
+        attrs["values"] = self.values[:len(self.values) - len(tail)] + tail
+        for n, v in tail:
+            if n in attrs:
+                attrs[n] = v
+        return c
 
     @classmethod
     def make(cls, family: str = "mma_sync", **values) -> "Config":
@@ -216,6 +242,9 @@ class Config:
 
     def __str__(self) -> str:
         return self.key
+
+
+_FREE_NAMES: dict[str, bool] = {}  # axis name -> not an attribute of Config's own (Config.__post_init__)
 
 
 def _fmt(v) -> str:

@@ -7,14 +7,20 @@ from __future__ import annotations
 
 from .arch import Arch
 from .config import Axis, Config, Family, Layout, register_family
-from .problem import Problem
+from .problem import Problem, Shape
 from .resource_rules import (min_blocks_smem, rule, smem_optin_limit, static_smem_limit, threads_per_block,
                              threads_per_sm)
+from .split_kv import splits_for, valid_expanded
 
 ELEM_BYTES = 2   # fp16 / bf16
 SMEM_PAD = 8     # elements of padding per shared-memory row: rows shift by 16 B, so ldmatrix hits all banks
 
 KV_SLOTS = {"shared": 1, "separate": 2, "double": 4}
+# Split counts: the powers of two up to the combine's 32 (traits.cuh, kv_splits_range). Decode grids here are
+# batch × heads CTAs (no packed heads), mostly a power of two, so these fill the SMs' waves about as well as the
+# wgmma family's finer list (1-32 with 3, 6, 12, 24) while keeping the cross product at 6× the prefill space's, not
+# 10×: enumerating and checking the space stays fast (valid_mma_sync_configs, `autotune space`).
+KV_SPLITS = (1, 2, 4, 8, 16, 32)
 
 AXES = (
     Axis("br", (64, 128, 256), "AT_BR", "query rows per CTA"),
@@ -40,6 +46,10 @@ AXES = (
          "O and the row sums rescaled at every K/V tile, or only when a row max of the warp outgrows the kept one by "
          "more than 2^8 (FlashAttention-4's conditional rescaling; exact)", lambda v: v == "on_growth",
          default="every_tile"),
+    Axis("kv_splits", KV_SPLITS, "AT_KV_SPLITS",
+         "CTAs one block's key range is cut into (grid.z = batch × splits); each writes fp32 partials that a small "
+         "combine kernel merges by their logsumexp: fills the SMs when batch × heads × query blocks is small "
+         "(decode against a long cache)", default=1),
 )
 
 
@@ -64,7 +74,8 @@ def layout(c: Config, p: Problem) -> Layout:
     else:  # hybrid: Q (and the O staging that reuses it) static, the rest dynamic
         static, dynamic = r["q"], total - r["q"]
     threads = (c.warps_m * c.warps_n + c.loader_warps) * 32
-    return Layout(threads=threads, smem_static=static, smem_dynamic=dynamic, rows_per_block=c.br)
+    return Layout(threads=threads, smem_static=static, smem_dynamic=dynamic, rows_per_block=c.br,
+                  kv_splits=c.kv_splits)
 
 
 @rule("rows_per_warp", "BR / WARPS_M must be a multiple of 16 (the mma M dimension)")
@@ -115,8 +126,15 @@ def accumulators_fit_registers(c, p, a, lay):
         return f"{need} accumulator registers per thread > cap {cap} (certain spill)"
 
 
-RULES = (rows_per_warp, cols_per_warp, p_regs_one_warp_per_row, out_cols_per_warp, threads_per_block,
-         threads_per_sm, static_smem_limit, smem_optin_limit, min_blocks_smem, accumulators_fit_registers)
+@rule("kv_splits_range", "1 to 32 key splits (the combine kernel gives each split one lane of a warp)")
+def kv_splits_range(c, p, a, lay):
+    if not 1 <= c.kv_splits <= 32:
+        return f"kv_splits={c.kv_splits} is not in [1, 32]"
+
+
+RULES = (rows_per_warp, cols_per_warp, p_regs_one_warp_per_row, out_cols_per_warp, kv_splits_range,
+         threads_per_block, threads_per_sm, static_smem_limit, smem_optin_limit, min_blocks_smem,
+         accumulators_fit_registers)
 
 
 # An SM with about 100 KB of shared memory (sm_86, sm_89, sm_120) rather than 164-228 KB. FlashAttention-2 keys its
@@ -153,11 +171,59 @@ def default(p: Problem, a: Arch) -> Config:
     return Config.make(
         "mma_sync", br=br, bc=bc, warps_m=warps_m, warps_n=1, p_path="regs", smem_mode="dynamic",
         kv_buffering="separate", loader_warps=0, min_blocks=1, q_in_regs=False, softmax_reduce="chain",
-        o_rescale="every_tile",
+        o_rescale="every_tile", kv_splits=1,
     )
+
+
+# Decode tiles: 64 query rows (the family's smallest Br; a decode step has at most 16 queries per head, so every
+# row beyond them is work thrown away) by 64 keys, 4 warps owning whole rows, P in registers. It is the d256 default
+# of every arch but sm_80, and the d128 causal default of the ~100 KB parts, all of them without spills
+# (docs/arches.md); tests/test_defaults.py builds it with splits on every arch.
+DECODE_BR, DECODE_BC = 64, 64
+
+
+def resident_ctas_per_sm(c: Config, p: Problem, a: Arch) -> int:
+    """CTAs of `c` an SM of `a` is sure to hold, before any compile: shared memory and threads, and registers at
+    the most ptxas may give a thread (the compiled kernel can only do better)."""
+    lay = layout(c, p)
+    by_smem = a.smem_per_sm // (lay.smem_total + a.smem_reserved_per_block)
+    by_threads = a.max_threads_per_sm // lay.threads
+    # ptxas allocates registers in units of 8 per thread and never past the launch bounds' cap (255 → 256)
+    regs = -(-register_cap(lay.threads, c.min_blocks) // 8) * 8
+    by_regs = a.registers_per_sm // (lay.threads * regs)
+    return max(1, min(by_smem, by_threads, by_regs))
+
+
+def decode_default(shape: Shape, arch: Arch) -> Config | None:
+    """The untuned default for decode (Shape.is_decode) on the archs that run this family: a pure function of the
+    shape and the arch's SM count (Arch.sms). The DECODE_BR × DECODE_BC tile with 4 warps, and the key range split
+    so that batch × heads × query blocks × splits CTAs fill whole waves of the SMs (the CTAs every SM is sure to
+    hold, resident_ctas_per_sm), each split keeping split_kv.MIN_TILES_PER_SPLIT key tiles: split_kv.splits_for, the
+    wgmma family's choice too. None for prefill."""
+    if not shape.is_decode:
+        return None
+    p = shape.problem
+    c = default(p, arch).replace(br=DECODE_BR, bc=DECODE_BC, warps_m=4, warps_n=1, kv_splits=1)
+    slots = arch.sms * resident_ctas_per_sm(c, p, arch)
+    gx, gy, gz = layout(c, p).grid(shape.batch, shape.heads, shape.seqlen_q)
+    n_tiles = -(-shape.seqlen_k // DECODE_BC)
+    return c.replace(kv_splits=splits_for(gx * gy * gz, slots, n_tiles, KV_SPLITS))
+
+
+# The decode axis comes last, and only its rule reads it (the layout's resources do not depend on it):
+# valid_mma_sync_configs checks the other rules once per combination of the other axes, then expands.
+DECODE_AXES = ("kv_splits",)
+DECODE_RULES = (kv_splits_range,)
+
+
+def valid_mma_sync_configs(p: Problem, a: Arch) -> list[Config]:
+    """space.valid_configs for this family, in the same order, without checking the whole cross product (kv_splits
+    multiplies it by 6): tests/test_space_vs_compiler.py compares it with the brute force on a sample."""
+    return valid_expanded("mma_sync", p, a)
 
 
 FAMILY = register_family(Family(
     name="mma_sync", source="sm80/flash_fwd.cu", entry="flash_fwd_mma_sync",
-    axes=AXES, rules=RULES, layout=layout, default=default,
+    axes=AXES, rules=RULES, layout=layout, default=default, shape_default=decode_default,
+    valid=valid_mma_sync_configs, decode_axes=DECODE_AXES, decode_rules=DECODE_RULES,
 ))

@@ -5,13 +5,12 @@ messages, and tests/test_wgmma_compile.py compiles a sample to check that both s
 """
 from __future__ import annotations
 
-import itertools
-
 from .arch import Arch
-from .config import PACK_TILE_ROWS, Axis, Config, Family, Layout, register_family, violations
+from .config import PACK_TILE_ROWS, Axis, Config, Family, Layout, register_family
 from .problem import Problem, Shape
 from .resource_rules import (min_blocks_smem, rule, smem_optin_limit, static_smem_limit, threads_per_block,
                              threads_per_sm)
+from .split_kv import GOOD_FILL, MIN_TILES_PER_SPLIT, splits_for, valid_expanded
 
 ELEM_BYTES = 2         # fp16 / bf16
 ROWS_PER_WG = 64       # the M of wgmma: each consumer warpgroup owns 64 query rows
@@ -276,10 +275,6 @@ def default(p: Problem, a: Arch) -> Config:
 
 
 DECODE_BC = 128
-# Split only while each split keeps at least this many key tiles (the combine's cost and the prologue amortised).
-MIN_TILES_PER_SPLIT = 2
-# Fewest splits whose CTAs fill at least this share of the last wave (or the best fill any split count reaches).
-GOOD_FILL = 0.9
 
 
 def decode_default(shape: Shape, arch: Arch) -> Config | None:
@@ -299,47 +294,24 @@ def decode_default(shape: Shape, arch: Arch) -> Config | None:
     per_sm = max(1, SMEM_PER_SM_SM90 // (lay.smem_dynamic + 1024))
     slots = arch.sms * per_sm
     gx, gy, gz = lay.grid(shape.batch, shape.heads, shape.seqlen_q, kv_heads=shape.kv_heads)
-    ctas = gx * gy * gz
     n_tiles = -(-shape.seqlen_k // DECODE_BC)
-
-    def fill(s: int) -> float:
-        waves = -(-ctas * s // slots)
-        return ctas * s / (waves * slots)
-
-    options = [s for s in KV_SPLITS if s == 1 or n_tiles // s >= MIN_TILES_PER_SPLIT]
-    good = min(GOOD_FILL, max(fill(s) for s in options))
-    splits = min(s for s in options if fill(s) >= good - 1e-9)
-    return c.replace(kv_splits=splits)
+    return c.replace(kv_splits=splits_for(gx * gy * gz, slots, n_tiles, KV_SPLITS))
 
 
 # The decode axes come last, and only these rules read them (the layout, and so every resource rule, does not):
 # valid_wgmma_configs checks the other rules once per combination of the other axes, then expands.
 DECODE_AXES = ("kv_splits", "pack_gqa")
 DECODE_RULES = (kv_splits_range, split_pack_need_grid, kv_splits_store_direct)
-assert tuple(a.name for a in AXES[-len(DECODE_AXES):]) == DECODE_AXES
 
 
 def valid_wgmma_configs(p: Problem, a: Arch) -> list[Config]:
     """space.valid_configs for this family, in the same order, without checking the whole cross product (the
     decode axes multiply it by 20): tests/test_wgmma_compile.py compares it with the brute force on a sample."""
-    base_axes = AXES[:-len(DECODE_AXES)]
-    names = tuple(ax.name for ax in base_axes)
-    expansions = tuple(itertools.product(*(ax.values for ax in AXES[-len(DECODE_AXES):])))
-    out = []
-    for combo in itertools.product(*(ax.values for ax in base_axes)):
-        base = Config("wgmma", tuple(zip(names, combo)) + tuple(zip(DECODE_AXES, expansions[0])))
-        if violations(base, p, a):
-            continue
-        lay = layout(base, p)
-        for values in expansions:
-            c = base if values == expansions[0] else Config("wgmma", base.values[:len(names)] + tuple(zip(DECODE_AXES, values)))
-            if not any(rule.check(c, p, a, lay) for rule in DECODE_RULES):
-                out.append(c)
-    return out
+    return valid_expanded("wgmma", p, a)
 
 
 FAMILY = register_family(Family(
     name="wgmma", source="sm90/flash_fwd.cu", entry="flash_fwd_wgmma",
     axes=AXES, rules=RULES, layout=layout, default=default, shape_default=decode_default,
-    valid=valid_wgmma_configs,
+    valid=valid_wgmma_configs, decode_axes=DECODE_AXES, decode_rules=DECODE_RULES,
 ))

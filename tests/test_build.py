@@ -85,7 +85,8 @@ def test_each_family_hashes_only_the_files_it_compiles_from(tmp_path):
     kernels = tmp_path / "kernels"
     shutil.copytree(default_kernels_dir(), kernels)
     rel = {p.relative_to(kernels).as_posix() for p in family_sources(kernels, "sm80/flash_fwd.cu")}
-    assert rel == {"sm80/flash_fwd.cu", "sm80/ptx.cuh", "sm80/traits.cuh", "common/flash_params.h"}
+    assert rel == {"sm80/flash_fwd.cu", "sm80/ptx.cuh", "sm80/traits.cuh", "common/flash_params.h", "common/pack.cuh",
+                   "common/split_combine.cuh"}
     assert "sm90/wgmma_ops.cuh" in {p.relative_to(kernels).as_posix()
                                     for p in family_sources(kernels, "sm90/flash_fwd.cu")}
 

@@ -1,6 +1,6 @@
-"""Correctness matrix of the decode axes of the wgmma family (split-KV, packed GQA heads) and of both causal
-alignments, on a Hopper GPU, through the project's build → load → check path (autotune.measure.check in a
-child process, so a fault or hang fails one test, not the matrix).
+"""Correctness matrix of the decode axes of the wgmma family (split-KV, packed GQA heads), of the mma_sync family's
+split-KV, and of both causal alignments, on a Hopper GPU, through the project's build → load → check path
+(autotune.measure.check in a child process, so a fault or hang fails one test, not the matrix).
 
 Configs: every kv_splits value, with and without packed heads, one consumer warpgroup streaming K/V (the decode
 default's shape; d256 with 64-key tiles to fit shared memory), plus each problem's decode default.
@@ -8,6 +8,14 @@ Cases: seqlen_q 1-16 against seqlen_k 1 to 128k (odd lengths, one tile, more spl
 and 8, causal masks aligned top-left and bottom-right (including more queries than keys: rows that see no key),
 K/V slices of a longer preallocated cache, (B,N,H,D) strides, logsumexp. The output is poisoned before each run
 (autotune.measure.check).
+
+mma_sync (MMA_PLAN × MMA_CASES, a few hundred checks from under 50 builds): every split count of its domain on the
+decode tile (64 × 64, 4 warps), each split count against key lengths below splits × Bc (splits with no key tile),
+odd lengths and Nk = 1; the decode default of every problem; splits with the other loops of the family (P through
+shared memory with a warp split of the key columns, loader warps, a shared K/V buffer, conditional rescaling,
+Q in registers, two m16 tiles per warp); GQA 1-8, causal top-left and bottom-right with Nq 4. Every build is one that
+compiles without spills for sm_90 (checked on CPU when the plan changed: builds of 255-register tiles such as
+128 × 32 at d128 causal spill once split, which the search's spill policy prunes).
 """
 from __future__ import annotations
 
@@ -76,6 +84,54 @@ def plan_for(problem: Problem) -> list[Config]:
 PLAN = tuple((p, c) for p in PROBLEMS for c in plan_for(p))
 
 
+# ---- mma_sync: split-KV ---------------------------------------------------------------------------------------
+
+MMA_CASES = (
+    Case("q1-k1-gqa4", Shape(batch=2, heads=8, kv_heads=2, seqlen_q=1, seqlen_k=1), "bhnd", lse=True),
+    Case("q1-k63-mha", Shape(batch=3, heads=4, seqlen_q=1, seqlen_k=63), "bhnd", lse=True),  # 1 tile < splits
+    Case("q1-k333-gqa8-cache", Shape(batch=2, heads=16, kv_heads=2, seqlen_q=1, seqlen_k=333), "cache", lse=True,
+         causal_align="lower_right"),  # 6 tiles: fewer than most split counts, the last one partial
+    Case("q1-k4097-gqa4-bnhd", Shape(batch=1, heads=32, kv_heads=8, seqlen_q=1, seqlen_k=4097), "bnhd", lse=True),
+    Case("q4-k1000-gqa2-lr", Shape(batch=2, heads=8, kv_heads=4, seqlen_q=4, seqlen_k=1000), "cache", lse=True,
+         causal_align="lower_right"),
+    Case("q4-k2-gqa4-lr", Shape(batch=1, heads=8, kv_heads=2, seqlen_q=4, seqlen_k=2), "bhnd", lse=True,
+         causal_align="lower_right"),  # more queries than keys: causal rows that see no key
+    Case("q16-k20000-mha-bnhd-lr", Shape(batch=1, heads=4, seqlen_q=16, seqlen_k=20000), "bnhd", lse=True,
+         causal_align="lower_right"),
+    Case("q100-k777-gqa4", Shape(batch=1, heads=8, kv_heads=2, seqlen_q=100, seqlen_k=777), "bhnd", lse=True),
+)
+# both dtypes and both maskings at d64 and d128, and d256 (the decode tile at its shared-memory limit) once
+MMA_PROBLEMS = (Problem(64, "fp16", False), Problem(64, "bf16", True), Problem(128, "bf16", False),
+                Problem(128, "fp16", True), Problem(256, "bf16", True))
+MMA_ARCH = space.get_arch("sm_90")  # the GPU this matrix runs on (an H200); the mma_sync family runs on it too
+
+
+def mma_plan_for(problem: Problem) -> list[Config]:
+    """Every split count on the decode tile; the problem's decode defaults; splits through the family's other loops
+    (as far as they are valid for the problem: d256 has no room for some)."""
+    tile = space.mma_sync.decode_default(Shape(batch=1, heads=8, seqlen_q=1, seqlen_k=1 << 20,
+                                               head_dim=problem.head_dim, dtype=problem.dtype,
+                                               causal=problem.causal), MMA_ARCH)
+    configs = [tile.replace(kv_splits=s) for s in space.mma_sync.KV_SPLITS]
+    configs += [space.default_config_for_shape(Shape(batch=b, heads=32, kv_heads=8, seqlen_q=1, seqlen_k=n,
+                                                     head_dim=problem.head_dim, dtype=problem.dtype,
+                                                     causal=problem.causal), MMA_ARCH, "mma_sync")
+                for b, n in ((1, 4096), (1, 32768))]
+    configs += [tile.replace(br=64, bc=64, warps_m=2, warps_n=2, p_path="smem", kv_splits=4),
+                tile.replace(loader_warps=1, kv_buffering="double", kv_splits=8),
+                tile.replace(kv_buffering="shared", o_rescale="on_growth", kv_splits=2)]
+    # Q in registers (not at d256) and two m16 tiles per warp, whose rows each split's epilogue writes (d64 only):
+    # elsewhere their accumulators reach ptxas' 255-register cap and spill (the matrix asserts no spill)
+    if problem.head_dim < 256:
+        configs.append(tile.replace(q_in_regs=True, softmax_reduce="tree", kv_splits=16))
+    if problem.head_dim == 64:
+        configs.append(tile.replace(warps_m=2, kv_splits=32))
+    return [c for c in dict.fromkeys(configs) if space.is_valid(c, problem, MMA_ARCH)]
+
+
+MMA_PLAN = tuple((p, c) for p in MMA_PROBLEMS for c in mma_plan_for(p))
+
+
 def _short(config: Config) -> str:
     return "-".join(str(v if not isinstance(v, bool) else int(v)) for _, v in config.values)
 
@@ -98,6 +154,39 @@ def test_cases_cover_the_decode_corners():
     assert "cache" in {c.layout for c in CASES}
 
 
+def test_mma_sync_plan_covers_every_split_count_problem_and_loop():
+    assert {p.head_dim for p in MMA_PROBLEMS} == set(space.HEAD_DIMS)
+    for d in (64, 128):
+        here = [p for p in MMA_PROBLEMS if p.head_dim == d]
+        assert {p.dtype for p in here} == set(space.DTYPES) and {p.causal for p in here} == {False, True}, d
+    for problem in MMA_PROBLEMS:
+        here = [c for p, c in MMA_PLAN if p == problem]
+        assert all(c.family == "mma_sync" for c in here)
+        assert {c.kv_splits for c in here} == set(space.mma_sync.KV_SPLITS), problem.key
+        # the decode default with splits is among the builds (what an untuned decode call runs off Hopper)
+        assert any(c.kv_splits > 1 and c == space.mma_sync.decode_default(
+            Shape(batch=1, heads=32, kv_heads=8, seqlen_q=1, seqlen_k=32768, head_dim=problem.head_dim,
+                  dtype=problem.dtype, causal=problem.causal), MMA_ARCH) for c in here), problem.key
+    split = [c for _, c in MMA_PLAN if c.kv_splits > 1]
+    assert {c.p_path for c in split} == {"regs", "smem"} and {c.warps_n for c in split} >= {1, 2}
+    assert {c.loader_warps for c in split} >= {0, 1} and {c.kv_buffering for c in split} == {"shared", "separate", "double"}
+    assert {c.o_rescale for c in split} == {"every_tile", "on_growth"} and {c.q_in_regs for c in split} == {False, True}
+    assert 150 <= len(MMA_PLAN) * len(MMA_CASES) <= 500  # a few hundred checks, not the product
+
+
+def test_mma_sync_cases_cover_the_split_corners():
+    splits = max(space.mma_sync.KV_SPLITS)
+    bc = space.mma_sync.DECODE_BC
+    nk = {c.shape.seqlen_k for c in MMA_CASES}
+    assert 1 in nk and any(n % 2 for n in nk - {1})  # Nk = 1, odd lengths
+    assert any(n < splits * bc for n in nk) and any(n < bc for n in nk)  # splits left without a key tile
+    assert any(n > splits * bc * space.split_kv.MIN_TILES_PER_SPLIT for n in nk)  # every split has tiles
+    assert {c.shape.heads // c.shape.kv_heads for c in MMA_CASES} >= {1, 2, 4, 8}
+    assert any(c.shape.seqlen_q == 4 and c.causal_align == "lower_right" for c in MMA_CASES)
+    assert any(c.shape.seqlen_q > c.shape.seqlen_k and c.causal_align == "lower_right" for c in MMA_CASES)
+    assert {c.layout for c in MMA_CASES} == {"bhnd", "bnhd", "cache"}
+
+
 # ---- GPU ------------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -116,6 +205,19 @@ def worker():
 @pytest.mark.skipif(not IS_HOPPER, reason="needs a Hopper (sm_90) GPU")
 def test_decode_axes_match_reference(builds, worker, problem, config, case):
     assert_matches_reference(worker, builds[(problem, config)], problem, config, case, CHECK_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def mma_builds(tmp_path_factory):
+    return build_plan(MMA_ARCH, MMA_PLAN, tmp_path_factory)
+
+
+@pytest.mark.parametrize("case", MMA_CASES, ids=[c.name for c in MMA_CASES])
+@pytest.mark.parametrize("problem,config", MMA_PLAN, ids=[f"mma_sync-{p.key}-{_short(c)}" for p, c in MMA_PLAN])
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_HOPPER, reason="needs a Hopper (sm_90) GPU")
+def test_mma_sync_split_kv_matches_reference(mma_builds, worker, problem, config, case):
+    assert_matches_reference(worker, mma_builds[(problem, config)], problem, config, case, CHECK_TIMEOUT_S)
 
 
 def test_bench_and_the_search_summary_show_time_and_kv_read_rate_for_decode():

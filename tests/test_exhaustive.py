@@ -2,6 +2,8 @@
 queues them all instead of sampling; a replay of a synthetic landscape shows it end to end on the CPU."""
 from __future__ import annotations
 
+import math
+
 from types import SimpleNamespace
 
 import optuna
@@ -35,7 +37,10 @@ def test_counting_stops_once_past_the_budget(monkeypatch):
     real = space.is_valid
     monkeypatch.setattr(space, "is_valid", lambda c, p, a: seen.append(c) or real(c, p, a))
     assert exhaustive.valid_up_to(space.Problem(128, "fp16", False), ARCH, ("mma_sync", "wgmma"), 60) is None
-    assert len(seen) < 5000  # d128: tens of thousands of points in the two families' cross products
+    # d128: 1.5M points in the two families' cross products; 60 valid ones lie within the first 2 % of mma_sync's
+    # (its last axis, kv_splits, turns fastest, so the first rows of its product hold few distinct tiles)
+    points = sum(math.prod(len(a.values) for a in space.get_family(f).axes) for f in ("mma_sync", "wgmma"))
+    assert len(seen) < 0.02 * points
 
 
 def test_the_sweep_order_starts_at_the_default_and_moves_away_from_it():

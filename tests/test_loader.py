@@ -182,6 +182,23 @@ def test_runner_grid_follows_the_layout():
         runner.grid(InputShape(1, 70_000, 1, 1, 1, 128, "fp16"))
 
 
+def test_a_split_mma_sync_build_launches_its_own_cubins_combine(fake):
+    problem = space.Problem(128, "fp16", False)
+    config = space.mma_sync.decode_default(space.Shape(batch=1, heads=32, kv_heads=8, seqlen_q=1, seqlen_k=32768),
+                                           space.get_arch("sm_90"))
+    assert config.family == "mma_sync" and config.kv_splits > 1
+    runner = loader.KernelRunner.__new__(loader.KernelRunner)
+    runner.layout, runner._cubin = space.layout(config, problem), CUBIN
+    shape = InputShape(batch=3, heads=8, kv_heads=2, seqlen_q=5, seqlen_k=1000, head_dim=128, dtype="fp16")
+    assert runner.grid(shape) == (1, 8, 3 * config.kv_splits)  # grid.z = batch × splits
+    combine = runner.combine(shape)
+    assert combine.kernel.entry == loader.COMBINE_ENTRY == "flash_fwd_combine"
+    assert combine.grid == (-(-3 * 8 * 5 // 4), 1, 1) and combine.block == (128, 1, 1)  # a warp per query row
+    assert loader.split_partials(config.kv_splits, shape, "cpu")[0].shape == (config.kv_splits, 3, 8, 5, 128)
+    runner.layout = space.layout(config.replace(kv_splits=1), problem)
+    assert runner.combine(shape) is None and runner.grid(shape) == (1, 8, 3)
+
+
 def test_runner_refuses_a_failed_build():
     class Failed:
         ok, error = False, "nvcc: error"

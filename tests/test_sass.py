@@ -122,7 +122,10 @@ def test_mma_sync_hot_loop_is_the_tile_loop_with_its_masking_block(build_cache_d
     problem = space.Problem(128, "fp16", False)
     # FlashAttention-2's d128 tile (128×64, 4 warps × 1), the one docs/benchmarks.md reads (the default has Bc 32)
     config = space.default_config(problem, ARCH, "mma_sync").replace(br=128, bc=64, warps_m=4)
-    (kernel,) = sass.disassemble(_build(config, problem, build_cache_dir).cubin_path, tool)
+    kernels = sass.disassemble(_build(config, problem, build_cache_dir).cubin_path, tool)
+    # the cubin also holds split-KV's flash_fwd_combine (a no-op without splits): the attention kernel by its name
+    assert {k.name for k in kernels} == {space.get_family("mma_sync").entry, "flash_fwd_combine"}
+    (kernel,) = [k for k in kernels if k.name == space.get_family("mma_sync").entry]
     loop = kernel.hot_loop
     # per warp and tile: S = Q Kᵀ is 2 m-tiles × 8 n-tiles × 8 k-steps, O += P V is 2 × 16 × 4 → 256 mma.sync
     assert loop.opcodes["HMMA"] == 256 == sum(1 for i in kernel.instructions if i.base == "HMMA")

@@ -93,8 +93,8 @@ def run(args: argparse.Namespace) -> int:
     valid: list[space.Config] = []
     invalid: list[tuple[space.Config, list[space.Violation]]] = []
     for family in families:
-        for config in space.enumerate_configs(family):
-            broken = space.violations(config, problem, arch)
+        # every config with its verdict; the decode axes' expansion judges the rest of a config once, not per split
+        for config, broken in space.judged_configs(family, problem, arch):
             if broken:
                 invalid.append((config, broken))
             else:

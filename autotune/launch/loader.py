@@ -246,8 +246,9 @@ def _family(name: str) -> space.Family:
     return space.get_family(name)
 
 
-COMBINE_ENTRY = "flash_fwd_combine"  # split-KV's merge kernel, in every wgmma cubin (kernels/sm90/flash_fwd.cu)
-COMBINE_ROWS_PER_BLOCK = 4            # one warp per (batch, head, query row), 128 threads
+# split-KV's merge kernel, in every cubin of both families (kernels/common/split_combine.cuh)
+COMBINE_ENTRY = "flash_fwd_combine"
+COMBINE_ROWS_PER_BLOCK = 4            # one warp per (batch, head, query row), 128 threads (kCombineRowsPerBlock)
 # Launch the combine with programmatic dependent launch on sm_90+ (its launch overlaps the split kernel's tail; the
 # kernel waits for the splits' partials itself, griddepcontrol.wait). Off until the decode table has measured it:
 # benchmarks/decode_table.py --combine-pdl times it beside the plain launch.

@@ -21,7 +21,8 @@ Lookup order for `select_config(shape, gpu_name, arch)`, first hit wins:
                 smaller key (seqlen, seqlen_k, batch, heads, kv_heads in that order): deterministic.
                 Decode shapes (seqlen_q <= space.DECODE_MAX_QUERIES) take only decode rows, prefill only prefill rows.
   4. heuristic  `space.default_config_for_shape(shape, arch)`, a pure function (the family's decode default for
-                decode shapes: split-KV and packed GQA heads, space/wgmma.py decode_default).
+                decode shapes: split-KV and packed GQA heads on sm_90, space/wgmma.py decode_default; split-KV
+                elsewhere, space/mma_sync.py decode_default).
 
 Every row is checked as it is read (store.best_table.row_problem: known family, axes and values, config dict
 agreeing with the key, the space's rules, positive finite figures), and again against this arch and problem

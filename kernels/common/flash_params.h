@@ -19,7 +19,7 @@ struct FlashFwdParams {
     // seqlen_k - seqlen_q aligns the last query with the last key (decode, chunked prefill: PyTorch's
     // causal_lower_right). Ignored by non-causal builds.
     int causal_offset;
-    // Split-KV builds (wgmma AT_KV_SPLITS > 1): each split of the key range writes its O normalised by its own row
+    // Split-KV builds (AT_KV_SPLITS > 1, either family): each split of the key range writes its O normalised by its own row
     // sum, fp32 (splits, batch, heads, seqlen_q, head_dim) contiguous, and its natural-log logsumexp, fp32 (splits,
     // batch, heads, seqlen_q); flash_fwd_combine merges them into o (and lse). Null otherwise.
     float* o_partial;

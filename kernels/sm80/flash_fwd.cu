@@ -2,6 +2,7 @@
 // O = softmax(scale · Q Kᵀ) V with an online softmax over K/V tiles; optional fp32 logsumexp.
 // Every design choice is a macro interpreted in traits.cuh; this file only reads the derived constants.
 #include "../common/flash_params.h"
+#include "../common/split_combine.cuh"
 #include "ptx.cuh"
 #include "traits.cuh"
 
@@ -58,14 +59,18 @@ __device__ __forceinline__ void load_tile(uint32_t smem_base, const uint16_t* gb
     }
 }
 
-// K/V items alternate K0, V0, K1, V1, ...; item i lives in ring slot i % kKvSlots, so one slot means K and V
-// share a buffer, two mean separate K and V buffers, four mean both double-buffered.
+// K/V items alternate K0, V0, K1, V1, ... of this CTA's key tiles, which start at tile `tile0` (0 unless the key
+// range is split); item i lives in ring slot i % kKvSlots, so one slot means K and V share a buffer, two mean
+// separate K and V buffers, four mean both double-buffered.
 template <int kN>
 __device__ __forceinline__ void load_kv_item(uint32_t kv_base, const uint16_t* k_g, const uint16_t* v_g,
-                                             const FlashFwdParams& p, int item, int tid) {
+                                             const FlashFwdParams& p, int tile0, int item, int tid) {
     const bool is_v = item & 1;
+    // Unsplit builds keep the expression they always had, to the letter: the d128 defaults sit at ptxas' 255-register
+    // cap, and the same sum written with tile0 = 0 made sm_100's and sm_103's spill.
+    const int row0 = kSplit ? (tile0 + (item >> 1)) * kBc : (item >> 1) * kBc;
     load_tile<kBc, kKVStride, kN>(kv_base + (item % kKvSlots) * kKVSlotBytes, is_v ? v_g : k_g,
-                                  is_v ? p.v_row_stride : p.k_row_stride, (item >> 1) * kBc, p.seqlen_k, tid);
+                                  is_v ? p.v_row_stride : p.k_row_stride, row0, p.seqlen_k, tid);
 }
 
 // The row max and row sum of a tile: one dependent chain (fewest live registers), or a pairwise tree
@@ -125,7 +130,8 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
     const int tid = threadIdx.x;
     const int warp = tid / 32;
     const int lane = tid % 32;
-    const int batch = blockIdx.z;
+    const int batch = kSplit ? static_cast<int>(blockIdx.z) / kSplits : static_cast<int>(blockIdx.z);
+    const int split = kSplit ? static_cast<int>(blockIdx.z) % kSplits : 0;
     const int head = blockIdx.y;
     const int q_start = blockIdx.x * kBr;
     const int kv_head = head / (p.heads / p.kv_heads);
@@ -143,6 +149,22 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
         const int last_key = min(q_start + kBr, p.seqlen_q) - 1 + p.causal_offset;
         n_tiles = last_key < 0 ? 1 : min(n_tiles, last_key / kBc + 1);
     }
+    // This CTA's share of the key tiles: split s of kSplits takes ceil(n_tiles / kSplits) of them, from tile0. A
+    // split left with none (fewer tiles than splits, or a short causal block) writes lse = -inf for its rows, which
+    // flash_fwd_combine weighs 0 without reading its O, and exits before any barrier.
+    int tile0 = 0;
+    if constexpr (kSplit) {
+        const int per_split = (n_tiles + kSplits - 1) / kSplits;
+        tile0 = split * per_split;
+        n_tiles = min(n_tiles - tile0, per_split);
+        if (n_tiles <= 0) {
+            for (int r = tid; r < kBr; r += kThreads)
+                if (q_start + r < p.seqlen_q)
+                    p.lse_partial[((static_cast<long long>(split) * p.batch + batch) * p.heads + head) * p.seqlen_q +
+                                  q_start + r] = -INFINITY;
+            return;
+        }
+    }
     const int n_items = 2 * n_tiles;
 
     load_tile<kBr, kQStride, kThreads>(smem_addr(q_s), q_g, p.q_row_stride, q_start, p.seqlen_q, tid);
@@ -157,7 +179,7 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
             for (int item = 0; item < n_items; ++item) {
                 const int slot = item % kKvSlots;
                 if (item >= kKvSlots) named_barrier_sync(kBarEmpty + slot, kThreads);
-                load_kv_item<kLoaderThreads>(kv_base, k_g, v_g, p, item, ltid);
+                load_kv_item<kLoaderThreads>(kv_base, k_g, v_g, p, tile0, item, ltid);
                 cp_async_commit();
                 cp_async_wait<0>();
                 named_barrier_arrive(kBarFull + slot, kThreads);
@@ -168,7 +190,7 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
         // Prologue: one commit group per ring slot (empty groups keep the wait counts uniform).
 #pragma unroll
         for (int i = 0; i < kKvSlots; ++i) {
-            if (i < n_items) load_kv_item<kThreads>(kv_base, k_g, v_g, p, i, tid);
+            if (i < n_items) load_kv_item<kThreads>(kv_base, k_g, v_g, p, tile0, i, tid);
             cp_async_commit();
         }
         cp_async_wait<kKvSlots>();  // the Q group is done
@@ -193,14 +215,14 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
             if (item + kKvSlots < n_items) named_barrier_arrive(kBarEmpty + item % kKvSlots, kThreads);
         } else if constexpr (kKvSlots == 1) {
             __syncthreads();
-            if (item + 1 < n_items) load_kv_item<kThreads>(kv_base, k_g, v_g, p, item + 1, tid);
+            if (item + 1 < n_items) load_kv_item<kThreads>(kv_base, k_g, v_g, p, tile0, item + 1, tid);
             cp_async_commit();
         } else if (item + 1 < n_items) {
             // One barrier does two jobs: every thread is done with `item` (its slot may be refilled) and
             // item + 1, already in flight, is visible to all. Groups committed after item + 1: kKvSlots - 2.
             cp_async_wait<kKvSlots - 2>();
             __syncthreads();
-            if (item + kKvSlots < n_items) load_kv_item<kThreads>(kv_base, k_g, v_g, p, item + kKvSlots, tid);
+            if (item + kKvSlots < n_items) load_kv_item<kThreads>(kv_base, k_g, v_g, p, tile0, item + kKvSlots, tid);
             cp_async_commit();
         }
     };
@@ -280,9 +302,10 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
         release(k_item);
 
         // ---- mask columns past seqlen_k and, for causal, above the diagonal ------------------------------
-        const int col0 = tile * kBc + warp_n * kColsPerWarp;
-        const bool need_mask =
-            (tile + 1) * kBc > p.seqlen_k || (kCausal && (tile + 1) * kBc - 1 > q_start + p.causal_offset);
+        const int key_tile = tile0 + tile;  // the tile's place in the whole key range
+        const int col0 = key_tile * kBc + warp_n * kColsPerWarp;
+        const bool need_mask = (key_tile + 1) * kBc > p.seqlen_k ||
+                               (kCausal && (key_tile + 1) * kBc - 1 > q_start + p.causal_offset);
         if (need_mask) {
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt)
@@ -489,11 +512,34 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
             const float l = row_sum[mt][h];
             inv_sum[mt][h] = l > 0.f ? 1.f / l : 0.f;
             const int row = q_start + row_w + mt * 16 + g + h * 8;
-            if (p.lse != nullptr && warp_n == 0 && t == 0 && row < p.seqlen_q) {
+            // A split's logsumexp is what flash_fwd_combine weighs it by; it writes p.lse itself when asked.
+            float* lse_out = kSplit ? p.lse_partial + static_cast<long long>(split) * p.batch * p.heads * p.seqlen_q
+                                    : p.lse;
+            if (lse_out != nullptr && warp_n == 0 && t == 0 && row < p.seqlen_q) {
                 const float lse2 = l > 0.f ? row_max[mt][h] * scale_log2 + __log2f(l) : -INFINITY;
-                p.lse[(static_cast<long long>(batch) * p.heads + head) * p.seqlen_q + row] = lse2 * 0.69314718055994531f;
+                lse_out[(static_cast<long long>(batch) * p.heads + head) * p.seqlen_q + row] = lse2 * 0.69314718055994531f;
             }
         }
+
+    if constexpr (kSplit) {
+        // This split's share: O normalised by its own row sum, fp32, straight from the accumulators (8-byte stores;
+        // the partial rows are contiguous, (split, batch, head, row) major).
+        float* o_part = p.o_partial +
+                        ((static_cast<long long>(split) * p.batch + batch) * p.heads + head) * p.seqlen_q * kHeadDim;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = q_start + row_w + mt * 16 + g + h * 8;
+                if (row >= p.seqlen_q) continue;
+                float* dst = o_part + static_cast<long long>(row) * kHeadDim + warp_n * kOutColsPerWarp + 2 * t;
+#pragma unroll
+                for (int dn = 0; dn < kONTiles; ++dn)
+                    *reinterpret_cast<float2*>(dst + dn * 8) =
+                        make_float2(o_acc[mt][dn][2 * h] * inv_sum[mt][h], o_acc[mt][dn][2 * h + 1] * inv_sum[mt][h]);
+            }
+        return;
+    }
 
     compute_sync();  // every warp is done reading the Q tile (and P), so it can hold O
 #pragma unroll
@@ -522,4 +568,12 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
             }
         }
     }
+}
+
+// Split-KV's second step (kernels/common/split_combine.cuh, shared with the wgmma family): the loader launches it
+// after a split build; a no-op in builds without splits (the loader never launches it there).
+extern "C" __global__ void __launch_bounds__(split_kv::kCombineThreads)
+    flash_fwd_combine(const __grid_constant__ FlashFwdParams p) {
+    using namespace sm80;
+    if constexpr (kSplit) split_kv::combine<kSplits, kHeadDim, kBf16>(p);
 }

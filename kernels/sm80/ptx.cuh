@@ -4,6 +4,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "../common/pack.cuh"
+
 namespace sm80 {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -62,16 +64,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
-// Two floats → one register of two 16-bit elements (low half = first).
-template <bool kBf16>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-    if constexpr (kBf16) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        return *reinterpret_cast<uint32_t*>(&v);
-    } else {
-        __half2 v = __floats2half2_rn(lo, hi);
-        return *reinterpret_cast<uint32_t*>(&v);
-    }
-}
+using flash_common::pack2;  // two floats → one register of two 16-bit elements (common/pack.cuh)
 
 }  // namespace sm80

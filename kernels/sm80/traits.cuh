@@ -51,6 +51,9 @@
 #ifndef AT_RESCALE_ON_GROWTH
 #define AT_RESCALE_ON_GROWTH 0  // 1: rescale O and the row sums only when a row max of the warp grows past 2^8
 #endif
+#ifndef AT_KV_SPLITS
+#define AT_KV_SPLITS 1       // CTAs one block's key range is cut into (grid.z = batch × splits)
+#endif
 
 namespace sm80 {
 
@@ -70,6 +73,12 @@ constexpr bool kQInRegs = AT_Q_IN_REGS != 0;
 constexpr bool kSoftmaxTree = AT_SOFTMAX_TREE != 0;
 constexpr bool kRescaleOnGrowth = AT_RESCALE_ON_GROWTH != 0;
 constexpr float kRescaleLog2 = 8.f;  // how far (log2) a row max may outgrow the kept one; P then stays ≤ 2^8
+// Split-KV: the key tiles of one (query block, head, batch) are cut into kSplits contiguous shares, one CTA each
+// (grid.z = batch × kSplits); each writes its O normalised by its own row sum and its logsumexp, fp32, to
+// p.o_partial / p.lse_partial, and flash_fwd_combine (common/split_combine.cuh) merges them. Puts enough CTAs on
+// the SMs when batch × heads × query blocks is small (decode against a long cache).
+constexpr int kSplits = AT_KV_SPLITS;
+constexpr bool kSplit = kSplits > 1;
 
 constexpr int kComputeWarps = kWarpsM * kWarpsN;
 constexpr int kComputeThreads = kComputeWarps * 32;
@@ -131,6 +140,8 @@ static_assert(kBc % (kWarpsN * 16) == 0, "cols_per_warp: BC / WARPS_N must be a 
 static_assert(!kPInRegs || kWarpsN == 1,
               "p_regs_one_warp_per_row: P in registers needs one warp per row strip (WARPS_N == 1)");
 static_assert(kHeadDim % (kWarpsN * 16) == 0, "out_cols_per_warp: HEAD_DIM / WARPS_N must be a multiple of 16");
+static_assert(kSplits >= 1 && kSplits <= 32,
+              "kv_splits_range: 1 to 32 key splits (flash_fwd_combine gives each split one lane of a warp)");
 static_assert(kThreads <= 1024, "threads_per_block: at most 1024 threads per block");
 static_assert(kThreads * kMinBlocks <= kMaxThreadsPerSm,
               "threads_per_sm: THREADS x MIN_BLOCKS exceeds the SM's thread slots");

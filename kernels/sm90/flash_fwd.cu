@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "../common/flash_params.h"
+#include "../common/split_combine.cuh"
 #include "ptx.cuh"
 #include "traits.cuh"
 #include "wgmma_ops.cuh"
@@ -811,50 +812,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     }
 }
 
-// Split-KV's second step: one warp per (batch, head, query row) merges the kSplits partial results,
-// O = Σ_s w_s O_s / Σ_s w_s with w_s = exp(lse_s - max lse), lse = max + log Σ w_s. Lane s holds split s's weight; a
-// split with lse = -inf (no key, or every key masked) weighs 0 and its O is never read (it may be unwritten). A row
-// no split saw gets O = 0 and lse = -inf, as the unsplit kernel writes. Launch: grid ceil(rows / 4), block 128;
-// a no-op in builds without splits (the loader never launches it there).
-extern "C" __global__ void __launch_bounds__(128) flash_fwd_combine(const __grid_constant__ FlashFwdParams p) {
-    if constexpr (kSplit) {
-        constexpr int kColsPerLane = kHeadDim / 32;
-        const long long rows = static_cast<long long>(p.batch) * p.heads * p.seqlen_q;
-        const long long row = static_cast<long long>(blockIdx.x) * 4 + threadIdx.x / 32;
-        if (row >= rows) return;
-        const int lane = threadIdx.x % 32;
-        const float lse_s = lane < kSplits ? p.lse_partial[lane * rows + row] : -CUDART_INF_F;
-        float mx = lse_s;
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, off));
-        const float w = lse_s == -CUDART_INF_F ? 0.f : __expf(lse_s - mx);
-        float sum = w;
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffff, sum, off);
-        float acc[kColsPerLane];
-#pragma unroll
-        for (int c = 0; c < kColsPerLane; ++c) acc[c] = 0.f;
-#pragma unroll
-        for (int s = 0; s < kSplits; ++s) {
-            const float ws = __shfl_sync(0xffffffff, w, s);
-            if (ws == 0.f) continue;
-            const float* src = p.o_partial + (s * rows + row) * kHeadDim + lane * kColsPerLane;
-#pragma unroll
-            for (int c = 0; c < kColsPerLane; c += 2) {
-                const float2 x = *reinterpret_cast<const float2*>(src + c);
-                acc[c] += ws * x.x;
-                acc[c + 1] += ws * x.y;
-            }
-        }
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        const int qrow = static_cast<int>(row % p.seqlen_q);
-        const long long bh = row / p.seqlen_q;
-        const int head = static_cast<int>(bh % p.heads), batch = static_cast<int>(bh / p.heads);
-        uint16_t* dst = reinterpret_cast<uint16_t*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
-                        static_cast<long long>(qrow) * p.o_row_stride + lane * kColsPerLane;
-#pragma unroll
-        for (int c = 0; c < kColsPerLane; c += 2)
-            *reinterpret_cast<uint32_t*>(dst + c) = pack2(acc[c] * inv, acc[c + 1] * inv);
-        if (p.lse != nullptr && lane == 0) p.lse[row] = sum > 0.f ? mx + __logf(sum) : -CUDART_INF_F;
-    }
+// Split-KV's second step (kernels/common/split_combine.cuh, shared with the mma_sync family): the loader launches
+// it after a split build; a no-op in builds without splits (the loader never launches it there).
+extern "C" __global__ void __launch_bounds__(split_kv::kCombineThreads)
+    flash_fwd_combine(const __grid_constant__ FlashFwdParams p) {
+    if constexpr (kSplit) split_kv::combine<kSplits, kHeadDim, kBf16>(p);
 }
