@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import importlib
+import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -251,8 +252,9 @@ COMBINE_ENTRY = "flash_fwd_combine"
 COMBINE_ROWS_PER_BLOCK = 4            # one warp per (batch, head, query row), 128 threads (kCombineRowsPerBlock)
 # Launch the combine with programmatic dependent launch on sm_90+ (its launch overlaps the split kernel's tail; the
 # kernel waits for the splits' partials itself, griddepcontrol.wait). Off until the decode table has measured it:
-# benchmarks/decode_table.py --combine-pdl times it beside the plain launch.
-COMBINE_PROGRAMMATIC = False
+# benchmarks/decode_table.py --combine-pdl times it beside the plain launch, and AUTOTUNE_COMBINE_PDL=1 turns it on
+# for a process (e.g. to run tests/test_decode_gpu.py through it).
+COMBINE_PROGRAMMATIC = os.environ.get("AUTOTUNE_COMBINE_PDL", "0") == "1"
 
 
 @dataclass(frozen=True)

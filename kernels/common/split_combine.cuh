@@ -16,6 +16,23 @@
 
 namespace split_kv {
 
+// Programmatic dependent launch (sm_90+). The loader may launch the combine before the split kernel has finished
+// (autotune/launch/loader.py: COMBINE_PROGRAMMATIC), so that its launch overlaps the split kernel's tail instead of
+// following it; the combine then waits here for the split kernel's completion and its memory. A plain launch
+// returns from the wait at once, and before sm_90 neither instruction exists (nor is emitted).
+__device__ __forceinline__ void wait_for_splits() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// In a split kernel, early: once every CTA has passed it (or exited), the combine's launch may begin.
+__device__ __forceinline__ void allow_combine_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 constexpr int kCombineRowsPerBlock = 4;  // autotune/launch/loader.py: COMBINE_ROWS_PER_BLOCK
 constexpr int kCombineThreads = 32 * kCombineRowsPerBlock;
 constexpr int kMaxSplits = 32;           // one lane of a warp per split
@@ -25,6 +42,7 @@ __device__ __forceinline__ void combine(const FlashFwdParams& p) {
     static_assert(kSplits >= 2 && kSplits <= kMaxSplits, "kv_splits_range: the combine merges 2 to 32 splits");
     static_assert(kHeadDim % 64 == 0, "head_dim: the combine gives each lane kHeadDim / 32 (even) columns");
     constexpr int kColsPerLane = kHeadDim / 32;
+    wait_for_splits();
     const long long rows = static_cast<long long>(p.batch) * p.heads * p.seqlen_q;
     const long long row = static_cast<long long>(blockIdx.x) * kCombineRowsPerBlock + threadIdx.x / 32;
     if (row >= rows) return;

@@ -105,6 +105,7 @@ __device__ __forceinline__ void compute_sync() {
 extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
     flash_fwd_mma_sync(const FlashFwdParams p) {
     using namespace sm80;
+    if constexpr (kSplit) split_kv::allow_combine_launch();  // the combine's launch may overlap this kernel
 
 #if AT_SMEM_MODE == 0
     __shared__ __align__(128) unsigned char smem_static[kSmemStatic];

@@ -725,6 +725,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     sm.k = sm.q + kQBuffers * kQBytes;
     sm.v = sm.k + kStages * kKVTileBytes;
     sm.bars = sm.v + kStages * kKVTileBytes;
+    if constexpr (kSplit) split_kv::allow_combine_launch();  // the combine's launch may overlap this kernel
 
     // One tile per CTA (grid, lpt): which one, worked out before the barrier set-up as it always was (unused, and
     // compiled away, when persistent: each role walks its own sequence below).
