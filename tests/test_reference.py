@@ -109,3 +109,16 @@ def test_sdpa_peers_get_the_shapes_own_mask():
     assert sdpa_mask_kwargs(upper) == {"is_causal": True}
     with pytest.raises(BackendUnavailable, match="CausalBias"):  # before any tensor: no GPU needed
         sdpa_baseline(shape, "cudnn")
+
+
+def test_a_chunk_holds_its_scores_and_its_kv_copies_within_the_budget():
+    """reference_attention's chunks bound the fp32 K/V it gathers, not only the scores: a decode shape (one query
+    row against a long cache) once gathered 64 GiB in one chunk and crashed every trial of its campaign shape."""
+    from autotune.measure.reference import DEFAULT_CHUNK_BYTES, pairs_per_chunk
+
+    for nq, nk, d in ((1, 65536, 128), (1, 131072, 256), (4096, 4096, 128), (1, 1, 64), (577, 577, 64)):
+        n = pairs_per_chunk(nq, nk, d, DEFAULT_CHUNK_BYTES)
+        per_pair = 4 * nq * nk + 8 * nk * d
+        assert n >= 1 and (n == 1 or n * per_pair <= DEFAULT_CHUNK_BYTES), (nq, nk, d, n)
+    # B32 H64 Nk65536 d128, the shape that crashed: a chunk took 2048 pairs (a 64 GiB fp32 copy of K), now 7 (0.5 GB)
+    assert pairs_per_chunk(1, 65536, 128, DEFAULT_CHUNK_BYTES) == 7

@@ -144,15 +144,14 @@ def _torch_sdpa(q, k, v, causal: bool, scale: float | None, causal_align: str = 
     import torch
     import torch.nn.functional as F
 
-    group = q.shape[1] // k.shape[1]
-    if group > 1:
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    # K/V heads go in as they are (enable_gqa): repeating them for a long decode cache would copy it G times
+    gqa = q.shape[1] != k.shape[1]
     with torch.no_grad():
         if causal and causal_align == "lower_right":
             nq, nk = q.shape[2], k.shape[2]
             keep = torch.ones(nq, nk, dtype=torch.bool, device=q.device).tril(nk - nq)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scale, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=gqa)
 
 
 def check(build, shape: Shape, seed: int | None = None, layout: str = "bhnd", check_lse: bool = False,

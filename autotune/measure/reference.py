@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 
-DEFAULT_CHUNK_BYTES = 512 << 20  # fp32 score bytes per chunk; logsumexp briefly holds about twice that
+DEFAULT_CHUNK_BYTES = 512 << 20  # fp32 scores + K/V copies per chunk; logsumexp briefly holds twice the scores
 
 
 @contextlib.contextmanager
@@ -25,6 +25,15 @@ def _full_fp32_matmul():
         yield
     finally:
         torch.set_float32_matmul_precision(previous)
+
+
+def pairs_per_chunk(seqlen_q: int, seqlen_k: int, head_dim: int, chunk_bytes: int) -> int:
+    """(batch, head) pairs reference_attention takes at once: their fp32 scores and their fp32 copies of K and V
+    together within chunk_bytes (at least one pair). The copies count: a decode shape's scores are tiny, and sizing
+    by them alone gathered 64 GiB of K/V for B32 H64 Nk65536 (an out-of-memory crash of every trial of that shape in
+    the 2026-12-02 decode campaign)."""
+    per_pair = 4 * seqlen_q * seqlen_k + 2 * 4 * seqlen_k * head_dim
+    return max(1, chunk_bytes // per_pair)
 
 
 def reference_attention(q, k, v, causal: bool = False, scale: float | None = None,
@@ -55,7 +64,7 @@ def reference_attention(q, k, v, causal: bool = False, scale: float | None = Non
         masked = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=q.device).triu(1 + offset)
 
     pairs = batch * heads
-    per_chunk = max(1, chunk_bytes // (4 * seqlen_q * seqlen_k))
+    per_chunk = pairs_per_chunk(seqlen_q, seqlen_k, head_dim, chunk_bytes)
     with _full_fp32_matmul(), torch.no_grad():
         for start in range(0, pairs, per_chunk):
             ids = torch.arange(start, min(pairs, start + per_chunk), device=q.device)
