@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from autotune.build import nvcc as nvcc_mod
 from autotune.build.nvcc import WHEELS_HINT, NvccNotFoundError, find_nvcc, nvcc_version
+
+TORCH_CUDA_HOME = nvcc_mod._torch_cuda_home
 
 
 def fake_cuda_home(root: Path, version_line: str = "Cuda compilation tools, release 99.1, V99.1.1") -> Path:
@@ -48,6 +52,27 @@ def test_path_then_torch_then_default(nowhere, monkeypatch, tmp_path):
     assert find_nvcc() == torch_home / "bin" / "nvcc"
     monkeypatch.setenv("PATH", str(path_home / "bin"))
     assert find_nvcc() == path_home / "bin" / "nvcc"
+
+
+def test_torchs_cuda_home_is_found_without_importing_torch(tmp_path):
+    """Step 3 costs no torch import (seconds, in every build process of a machine whose nvcc is the wheels'): what
+    torch's CUDA_HOME adds to the other steps is $CUDA_PATH, read from the environment."""
+    home = fake_cuda_home(tmp_path / "cuda-path")
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "PYTHONPATH")}
+    env.update(CUDA_PATH=str(home), PATH=str(tmp_path / "empty-path"), PYTHONPATH=str(Path(__file__).parent.parent))
+    probe = ("import sys; from autotune.build.nvcc import locate_nvcc; path, where = locate_nvcc(); "
+             "print(path, where, 'torch' in sys.modules, sep='|')")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"{home / 'bin' / 'nvcc'}|torch's CUDA_HOME|False"
+
+
+def test_an_imported_torchs_own_cuda_home_is_used(nowhere, monkeypatch, tmp_path):
+    cpp_extension = pytest.importorskip("torch.utils.cpp_extension")
+    home = fake_cuda_home(tmp_path / "torch-cuda")
+    monkeypatch.setattr(nvcc_mod, "_torch_cuda_home", TORCH_CUDA_HOME)  # the real one (`nowhere` stubs it)
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(home))
+    assert nvcc_mod.locate_nvcc() == (home / "bin" / "nvcc", "torch's CUDA_HOME")
 
 
 def test_cuda_home_without_nvcc_falls_through(nowhere, monkeypatch, tmp_path):
