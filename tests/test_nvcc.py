@@ -201,3 +201,25 @@ def test_the_pip_nvcc_builds_a_config_of_each_family_with_the_system_toolkit_hid
     for config, result in zip(configs, results):
         assert result.ok and not result.spilled, (config.key, result.error)
         assert result.report.registers > 0 and Path(result.cubin_path).stat().st_size > 0
+
+
+def test_ci_without_cuda_toolkit_leaves_the_wheels_or_nothing(tmp_path):
+    """.ci/without-cuda-toolkit, README's way to run the tests as on a machine without a toolkit: under it
+    find_nvcc comes to the wheels (or, with --no-nvcc-wheels, finds nothing), and the machine keeps its toolkit."""
+    script = Path(__file__).resolve().parent.parent / ".ci" / "without-cuda-toolkit"
+    if os.geteuid() != 0 or subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode:
+        pytest.skip("needs root and unshare (a private mount namespace)")
+    if not any(nvcc_mod._executable(home / "bin" / "nvcc") for home in nvcc_mod.wheel_cuda_homes()):
+        pytest.skip(f"NVIDIA's nvcc wheels are not installed ({WHEELS_HINT})")
+    before = nvcc_mod.locate_nvcc()
+    probe = ("from autotune.build.nvcc import NvccNotFoundError, locate_nvcc\n"
+             "try: print(*locate_nvcc(), sep='|')\nexcept NvccNotFoundError as e: print('none|' + str(e).splitlines()[0])")
+    env = {**os.environ, "PYTHONPATH": str(script.parent.parent),
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    runs = {flag: subprocess.run([str(script), *flag, sys.executable, "-c", probe], env=env, capture_output=True,
+                                 text=True, timeout=120) for flag in ((), ("--no-nvcc-wheels",))}
+    for run in runs.values():
+        assert run.returncode == 0, run.stderr
+    assert runs[()].stdout.strip().endswith("|NVIDIA's nvcc wheels"), runs[()].stdout
+    assert runs[("--no-nvcc-wheels",)].stdout.strip() == "none|nvcc not found; looked at:"
+    assert nvcc_mod.locate_nvcc() == before  # nothing outside the command saw the mounts
