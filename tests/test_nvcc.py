@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from autotune.build import nvcc as nvcc_mod
 from autotune.build.nvcc import WHEELS_HINT, NvccNotFoundError, find_nvcc, nvcc_version
+
+TORCH_CUDA_HOME = nvcc_mod._torch_cuda_home
 
 
 def fake_cuda_home(root: Path, version_line: str = "Cuda compilation tools, release 99.1, V99.1.1") -> Path:
@@ -48,6 +52,27 @@ def test_path_then_torch_then_default(nowhere, monkeypatch, tmp_path):
     assert find_nvcc() == torch_home / "bin" / "nvcc"
     monkeypatch.setenv("PATH", str(path_home / "bin"))
     assert find_nvcc() == path_home / "bin" / "nvcc"
+
+
+def test_torchs_cuda_home_is_found_without_importing_torch(tmp_path):
+    """Step 3 costs no torch import (seconds, in every build process of a machine whose nvcc is the wheels'): what
+    torch's CUDA_HOME adds to the other steps is $CUDA_PATH, read from the environment."""
+    home = fake_cuda_home(tmp_path / "cuda-path")
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "PYTHONPATH")}
+    env.update(CUDA_PATH=str(home), PATH=str(tmp_path / "empty-path"), PYTHONPATH=str(Path(__file__).parent.parent))
+    probe = ("import sys; from autotune.build.nvcc import locate_nvcc; path, where = locate_nvcc(); "
+             "print(path, where, 'torch' in sys.modules, sep='|')")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"{home / 'bin' / 'nvcc'}|torch's CUDA_HOME|False"
+
+
+def test_an_imported_torchs_own_cuda_home_is_used(nowhere, monkeypatch, tmp_path):
+    cpp_extension = pytest.importorskip("torch.utils.cpp_extension")
+    home = fake_cuda_home(tmp_path / "torch-cuda")
+    monkeypatch.setattr(nvcc_mod, "_torch_cuda_home", TORCH_CUDA_HOME)  # the real one (`nowhere` stubs it)
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", str(home))
+    assert nvcc_mod.locate_nvcc() == (home / "bin" / "nvcc", "torch's CUDA_HOME")
 
 
 def test_cuda_home_without_nvcc_falls_through(nowhere, monkeypatch, tmp_path):
@@ -176,3 +201,25 @@ def test_the_pip_nvcc_builds_a_config_of_each_family_with_the_system_toolkit_hid
     for config, result in zip(configs, results):
         assert result.ok and not result.spilled, (config.key, result.error)
         assert result.report.registers > 0 and Path(result.cubin_path).stat().st_size > 0
+
+
+def test_ci_without_cuda_toolkit_leaves_the_wheels_or_nothing(tmp_path):
+    """.ci/without-cuda-toolkit, README's way to run the tests as on a machine without a toolkit: under it
+    find_nvcc comes to the wheels (or, with --no-nvcc-wheels, finds nothing), and the machine keeps its toolkit."""
+    script = Path(__file__).resolve().parent.parent / ".ci" / "without-cuda-toolkit"
+    if os.geteuid() != 0 or subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode:
+        pytest.skip("needs root and unshare (a private mount namespace)")
+    if not any(nvcc_mod._executable(home / "bin" / "nvcc") for home in nvcc_mod.wheel_cuda_homes()):
+        pytest.skip(f"NVIDIA's nvcc wheels are not installed ({WHEELS_HINT})")
+    before = nvcc_mod.locate_nvcc()
+    probe = ("from autotune.build.nvcc import NvccNotFoundError, locate_nvcc\n"
+             "try: print(*locate_nvcc(), sep='|')\nexcept NvccNotFoundError as e: print('none|' + str(e).splitlines()[0])")
+    env = {**os.environ, "PYTHONPATH": str(script.parent.parent),
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    runs = {flag: subprocess.run([str(script), *flag, sys.executable, "-c", probe], env=env, capture_output=True,
+                                 text=True, timeout=120) for flag in ((), ("--no-nvcc-wheels",))}
+    for run in runs.values():
+        assert run.returncode == 0, run.stderr
+    assert runs[()].stdout.strip().endswith("|NVIDIA's nvcc wheels"), runs[()].stdout
+    assert runs[("--no-nvcc-wheels",)].stdout.strip() == "none|nvcc not found; looked at:"
+    assert nvcc_mod.locate_nvcc() == before  # nothing outside the command saw the mounts

@@ -3,7 +3,10 @@
 Search order, first hit wins:
   1. `$CUDA_HOME/bin/nvcc`                      (an explicit choice beats everything)
   2. `nvcc` on `PATH`
-  3. torch's `torch.utils.cpp_extension.CUDA_HOME`  (only if torch imports; it knows where its CUDA lives)
+  3. torch's `torch.utils.cpp_extension.CUDA_HOME`, without importing torch: torch computes it from $CUDA_HOME,
+     $CUDA_PATH, nvcc on PATH and /usr/local/cuda, so what it adds to steps 1, 2 and 4 is `$CUDA_PATH/bin/nvcc`.
+     Read from torch itself only when the process has imported torch already (importing it costs 2-8 s, which
+     every `autotune build` and every build process would pay on a machine whose nvcc is the wheels')
   4. `/usr/local/cuda/bin/nvcc`                 (the installer's default)
   5. NVIDIA's CUDA 13 wheels (`pip install 'autotune[nvcc]'`): `nvidia/cu13/bin/nvcc` in the `nvidia` namespace
      package, with the headers (nvidia-cuda-runtime, nvidia-cuda-crt, nvidia-cuda-cccl) and cicc (nvidia-nvvm)
@@ -18,6 +21,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 DEFAULT_CUDA_HOME = Path("/usr/local/cuda")
@@ -42,10 +46,14 @@ def _executable(path: Path) -> bool:
 
 
 def _torch_cuda_home() -> str | None:
-    """torch's idea of CUDA_HOME, or None when torch is absent or broken (it is an optional dependency)."""
+    """torch's idea of CUDA_HOME, or None when it has none. Taken from torch only when torch is imported already;
+    else the one place torch.utils.cpp_extension looks that the other steps do not, $CUDA_PATH, so that finding
+    nvcc never imports torch (an optional dependency, and seconds to import)."""
+    if "torch" not in sys.modules:
+        return os.environ.get("CUDA_PATH") or None
     try:
         from torch.utils import cpp_extension
-    except Exception:  # ImportError, or a torch build that fails at import time
+    except Exception:  # a torch build that fails at import time
         return None
     return cpp_extension.CUDA_HOME
 
@@ -108,7 +116,8 @@ def locate_nvcc() -> tuple[Path, str]:
     tried.append("nvcc on PATH (not found)")
 
     found = _under(_torch_cuda_home(), "torch.utils.cpp_extension.CUDA_HOME",
-                   "torch.utils.cpp_extension.CUDA_HOME (torch not importable or CUDA_HOME unknown to it)", tried)
+                   "torch.utils.cpp_extension.CUDA_HOME (unknown: no $CUDA_PATH, and no torch imported that has one)",
+                   tried)
     if found:
         return found, "torch's CUDA_HOME"
 
