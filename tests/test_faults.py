@@ -701,7 +701,9 @@ def test_sigterm_to_a_workers_launcher_alone_stops_every_worker_cleanly(postgres
     # `docker stop` and Kubernetes signal the container's first process only: the launcher passes SIGTERM on.
     monkeypatch.setenv("AUTOTUNE_DOUBLE_DEVICES", "2")
     double.plan({A: "gate", B: "gate"})
-    args = cli(postgres_url, build_cache_dir, "--workers", "2", "--trials", "3", "--grace", "60",
+    # Trials to spare: two workers take configs as their builds finish, so a sampled config may run before B (a CI
+    # run once spent the 3 trials on A, a sampled config and E, and B never started).
+    args = cli(postgres_url, build_cache_dir, "--workers", "2", "--trials", "8", "--grace", "60",
                *[x for c in (A, B, E) for x in ("--enqueue", c.key)])
     proc = subprocess.Popen(args, env={**_env(), "AUTOTUNE_TERM_GRACE": "20"}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
