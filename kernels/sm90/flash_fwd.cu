@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "../common/flash_params.h"
+#include "../common/pack.cuh"
 #include "../common/split_combine.cuh"
 #include "ptx.cuh"
 #include "traits.cuh"
@@ -42,15 +43,7 @@ constexpr uint32_t kPingPongBarrier0 = 1;  // named barrier ids 1, 2 (0 is __syn
 constexpr uint32_t kOStoreBarrier0 = 3;    // ids 3 .. 3 + kConsumerWGs - 1: one per consumer warpgroup
 constexpr int kORowBytes = kHeadDim * kElemBytes;
 
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-    if constexpr (kBf16) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        return *reinterpret_cast<uint32_t*>(&v);
-    } else {
-        __half2 v = __floats2half2_rn(lo, hi);
-        return *reinterpret_cast<uint32_t*>(&v);
-    }
-}
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) { return flash_common::pack2<kBf16>(lo, hi); }
 
 struct Smem {
     uint32_t q, k, v;  // shared-window addresses, 1024-byte aligned
