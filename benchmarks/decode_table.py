@@ -245,8 +245,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-tiles", default=None,
                     help="the tile shapes --sweep times: 'wgs,bc,stages,min_blocks,overlap;...' (overlap 0/1); "
                          "default: SWEEP_TILES")
-    ap.add_argument("--combine-pdl", action="store_true",
-                    help="launch split-KV's combine with programmatic dependent launch (loader.COMBINE_PROGRAMMATIC)")
+    ap.add_argument("--combine-pdl", action=argparse.BooleanOptionalAction, default=None,
+                    help="launch split-KV's combine with programmatic dependent launch, or not (--no-combine-pdl); "
+                         "default: the product's choice, loader.COMBINE_PROGRAMMATIC (on; AUTOTUNE_COMBINE_PDL=0 off)")
     ap.add_argument("--copy", action="store_true", help="measure the device copy rate for the %% column")
     ap.add_argument("--eager", action="store_true", help="also the eager L2-flushed median for ours and cuDNN")
     ap.add_argument("--out", type=Path, default=Path("decode-out"))
@@ -259,8 +260,8 @@ def main(argv=None) -> int:
     from autotune.launch import loader
     from autotune.runtime.lookup import builder as runtime_builder
 
-    if args.combine_pdl:
-        loader.COMBINE_PROGRAMMATIC = True
+    if args.combine_pdl is not None:
+        loader.COMBINE_PROGRAMMATIC = args.combine_pdl
 
     builder = runtime_builder(space.get_arch("sm_90"))
     builder.jobs = max(1, __import__("os").cpu_count() or 1)

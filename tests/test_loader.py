@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import os
 import pickle
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +21,8 @@ torch = pytest.importorskip("torch")
 import space  # noqa: E402
 from autotune.launch import loader  # noqa: E402
 from autotune.launch.params import FlashFwdParams, InputShape  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class CUresult(enum.IntEnum):
@@ -47,6 +53,7 @@ class FakeDriver:
 
     def __init__(self):
         self.calls = []
+        self.capability = (9, 0)  # torch.cuda.get_device_capability, as the fixture patches it
         self.current = Handle(0)
         self.fail = set()
         self.launches = []
@@ -116,6 +123,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: drv.capability)
     return drv
 
 
@@ -182,7 +190,7 @@ def test_runner_grid_follows_the_layout():
         runner.grid(InputShape(1, 70_000, 1, 1, 1, 128, "fp16"))
 
 
-def test_a_split_mma_sync_build_launches_its_own_cubins_combine(fake):
+def test_a_split_mma_sync_build_launches_its_own_cubins_combine(fake, monkeypatch):
     problem = space.Problem(128, "fp16", False)
     config = space.mma_sync.decode_default(space.Shape(batch=1, heads=32, kv_heads=8, seqlen_q=1, seqlen_k=32768),
                                            space.get_arch("sm_90"))
@@ -195,6 +203,14 @@ def test_a_split_mma_sync_build_launches_its_own_cubins_combine(fake):
     assert combine.kernel.entry == loader.COMBINE_ENTRY == "flash_fwd_combine"
     assert combine.grid == (-(-3 * 8 * 5 // 4), 1, 1) and combine.block == (128, 1, 1)  # a warp per query row
     assert loader.split_partials(config.kv_splits, shape, "cpu")[0].shape == (config.kv_splits, 3, 8, 5, 128)
+    # programmatic dependent launch of the combine: the product's default on sm_90+, never below (no griddepcontrol)
+    monkeypatch.setattr(loader, "COMBINE_PROGRAMMATIC", True)
+    assert runner.combine(shape).programmatic
+    fake.capability = (8, 9)
+    assert not runner.combine(shape).programmatic
+    fake.capability = (9, 0)
+    monkeypatch.setattr(loader, "COMBINE_PROGRAMMATIC", False)
+    assert not runner.combine(shape).programmatic
     runner.layout = space.layout(config.replace(kv_splits=1), problem)
     assert runner.combine(shape) is None and runner.grid(shape) == (1, 8, 3)
 
@@ -253,3 +269,13 @@ def test_runner_grid_per_scheduler():
     assert Resident.asked == [(384, persistent.layout.smem_dynamic)]
     with pytest.raises(ValueError, match="tiles of 128 query rows exceed"):
         persistent.grid(InputShape(60_000, 60_000, 1, 129, 1, 128, "fp16"), Resident())
+
+
+@pytest.mark.parametrize("env, expected", [(None, True), ("0", False), ("1", True)])
+def test_the_combine_launches_programmatically_unless_the_environment_says_0(env, expected):
+    environ = {k: v for k, v in os.environ.items() if k != "AUTOTUNE_COMBINE_PDL"}
+    if env is not None:
+        environ["AUTOTUNE_COMBINE_PDL"] = env
+    out = subprocess.run([sys.executable, "-c", "from autotune.launch import loader; print(loader.COMBINE_PROGRAMMATIC)"],
+                         env=environ, cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == str(expected)
