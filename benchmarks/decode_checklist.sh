@@ -3,8 +3,8 @@
 #   bash benchmarks/decode_checklist.sh sweep   the decode table with its config sweep (OUT/decode/decode-rows.json:
 #                                               the fastest config per decode row, `autotune export` format)
 #   bash benchmarks/decode_checklist.sh tests   the decode, wgmma and mma_sync correctness matrices
-#   bash benchmarks/decode_checklist.sh final   the decode table as users get it (shipped tables) beside every peer,
-#                                               the prefill peers table, the runtime GPU tests
+#   bash benchmarks/decode_checklist.sh final   the peers table as users get it (shipped tables), prefill and decode
+#                                               rows in one process (peers_table.py --decode), the runtime GPU tests
 #   bash benchmarks/decode_checklist.sh promotion   prefill with the K/V maps' L2 promotion none against the product's
 #                                               256B (benchmarks/peers_table.py twice, our column only differs)
 #   bash benchmarks/decode_checklist.sh campaign [SECONDS]
@@ -45,8 +45,7 @@ print(len(res), 'builds,', sum(not r.ok or r.spilled for r in res), 'failed or s
     TAIL=8 step wgmma_tests 220 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_wgmma_gpu.py --maxfail=30
     TAIL=8 step kernel_tests 150 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_kernel_gpu.py --maxfail=30 ;;
   final)
-    step decode_final 200 python3 benchmarks/decode_table.py --copy --eager --out "$OUT/decode-final"
-    step peers_prefill 240 python3 benchmarks/peers_table.py --out "$OUT/peers"
+    TAIL=60 step peers_all 420 python3 benchmarks/peers_table.py --decode --out "$OUT/peers"
     TAIL=8 step runtime_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_runtime_gpu.py --maxfail=30 ;;
   promotion)
     step peers_256B 240 python3 benchmarks/peers_table.py --out "$OUT/peers-256B"

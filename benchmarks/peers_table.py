@@ -14,6 +14,12 @@ autotune.measure.timing.bench's median (L2 flushed before each repetition, CUDA 
 halved for causal; "ours / best" is against the fastest peer of the row.
 
 Output: a markdown table (printed last) and OUT/peers.json.
+
+--decode: also the decode rows (benchmarks/decode_table.py's, B1 / B32 / B128 × Nk 4096 / 32768 and the rest), in
+the same process after the prefill rows: those kernels run for tens of µs, so they are timed as decode_table times
+them (inside a captured CUDA graph, K/V rotated past L2, µs and TB/s against the device's own rates measured in the
+same run), never by the eager timer above. Their table is printed after the prefill one and written to
+OUT/decode.json.
 """
 from __future__ import annotations
 
@@ -123,6 +129,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kv-l2-promotion", choices=("256B", "128B", "none"), default=None,
                     help="A/B: the K/V tensor maps' L2 promotion for every call (default: the product's choice, "
                          "autotune.launch.tma.kv_l2_promotion: none for decode, 256B for prefill)")
+    ap.add_argument("--decode", action="store_true",
+                    help="also the decode rows, graph-timed as benchmarks/decode_table.py times them")
     args = ap.parse_args(argv)
     import torch
 
@@ -148,7 +156,33 @@ def main(argv=None) -> int:
     (args.out / "peers.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     print(f"\n{meta['gpu']}, torch {meta['torch']}, {meta['date']}\n")
     print(markdown(rows))
+    if args.decode:
+        print("\n" + decode_rows(args.out, meta))
     return 0
+
+
+def decode_rows(out: Path, meta: dict) -> str:
+    """decode_table.py's default rows and device rates, measured now (this process); its markdown."""
+    import os
+
+    import decode_table  # imports this module's shape parser: imported here, not at the top
+
+    import space
+    from autotune.runtime.lookup import builder as runtime_builder
+
+    builder = runtime_builder(space.get_arch("sm_90"))
+    builder.jobs = max(1, os.cpu_count() or 1)
+    copy_tbs, read_tbs = decode_table.device_rates_tbs()
+    rows = []
+    for key in decode_table.SHAPES:
+        t0 = time.monotonic()
+        rows.append(decode_table.measure(decode_table.parse_shape(key), False, builder, False))
+        print(f"{key}: {({k: round(v, 1) for k, v in rows[-1]['us'].items()})} µs ({time.monotonic() - t0:.0f} s)",
+              file=sys.stderr, flush=True)
+    (out / "decode.json").write_text(json.dumps({"meta": {**meta, "copy_tbs": copy_tbs, "read_tbs": read_tbs},
+                                                 "rows": rows}, indent=2) + "\n")
+    return (f"Decode (inside a CUDA graph; device copy {copy_tbs:.2f} TB/s read + write, read {read_tbs:.2f} TB/s)\n\n"
+            + decode_table.markdown(rows, max(copy_tbs, read_tbs)))
 
 
 if __name__ == "__main__":
