@@ -1,15 +1,15 @@
 """A test double for autotune.measure, used as `--evaluator search_doubles:evaluate`; it runs in the worker's
 child process like the real one.
 
-Deterministic fake speed from the config; it checks that the cubin it was handed really exists (the build layer
-is real in these tests). Behaviour per config comes from a JSON plan named by $AUTOTUNE_DOUBLE_PLAN:
-{"<config key>": "crash" | "hang" | "wrong" | "raise" | "crash_once" | "hang_once" | "slow" | "meet" | "gate" |
-"boost"}; "boost" answers 1.3 × the config's usual figure (a config that another process measures faster); "slow"
-sleeps $AUTOTUNE_DOUBLE_SLOW seconds (default 1) before answering, for tests that must catch an evaluation in
-flight; "meet" waits (up to 40 s, well inside the tests' 60 s evaluation timeout) until another worker
-process has started an evaluation too, so that a test of several workers does not depend on how fast the
-machine starts them; "gate" waits (up to 120 s) until the test opens that config's gate (Control.open_gate), so a
-test can act (kill, restart the database, start another process) while the evaluation is known to be in flight.
+Deterministic fake speed from the config; it checks that the cubin it was handed really exists (the build layer is
+real in these tests). Behaviour per config comes from a JSON plan named by $AUTOTUNE_DOUBLE_PLAN: {"<config key>":
+"crash" | "hang" | "wrong" | "raise" | "crash_once" | "hang_once" | "slow" | "meet" | "gate" | "boost" | "damp"};
+"boost" answers 1.3 × the config's usual figure (a config that another process measures faster), "damp" 0.8 × (one
+that it measures slower); "slow" sleeps $AUTOTUNE_DOUBLE_SLOW seconds (default 1) before answering, for tests that
+must catch an evaluation in flight; "meet" waits (up to 40 s, well inside the tests' 60 s evaluation timeout) until
+another worker process has started an evaluation too, so that a test of several workers does not depend on how fast
+the machine starts them; "gate" waits (up to 120 s) until the test opens that config's gate (Control.open_gate), so
+a test can act (kill, restart the database, start another process) while the evaluation is known to be in flight.
 Tests drive the double through `Control` (the plan, the call log, waiting for a call).
 Every call is appended to the file named by $AUTOTUNE_DOUBLE_LOG (one JSON line: pid, parent pid, worker index
 and CUDA_VISIBLE_DEVICES of the search process, call, config key, cubin hash; an `evaluated` line with start and
@@ -121,7 +121,7 @@ def evaluate(build, shape):
         raise RuntimeError("CUDA error: an illegal memory access was encountered (double)")
     if action == "wrong":
         return Evaluation("wrong", key, shape.key, reason="double: max error 1.5 > tolerance 0.002", max_error=1.5)
-    tflops = fake_tflops(build.config) * (1.3 if action == "boost" else 1.0)
+    tflops = fake_tflops(build.config) * {"boost": 1.3, "damp": 0.8}.get(action, 1.0)
     ms = shape.flops / (tflops * 1e12) * 1e3
     _log("evaluated", config_key=key, started=started, ended=time.time())
     return Evaluation("complete", key, shape.key, max_error=1e-3, median_ms=ms, p20_ms=ms * 0.99,

@@ -51,6 +51,25 @@ def test_record_inserts_then_keeps_the_faster_row(url):
         assert [(m["config_key"], m["tflops"], m["replaced_by"]) for m in moved] == [(CONFIG.key, 300.0, "s #11")]
 
 
+def test_a_later_pass_of_the_rows_own_study_replaces_it_whatever_the_figures(url):
+    with BestStore(url) as store:
+        store.record_best(entry(300.0, study="s", trial=7))
+        # a slower row of the same study, recorded as superseding it (a campaign's second pass): replaces it
+        later = entry(280.0, config=OTHER, study="s", trial=9, first_pass_tflops=290.0, second_pass_tflops=270.4)
+        replaced = store.record_best(later, "s #9 (second pass)", supersedes_study="s")
+        assert replaced.action == "replaced" and replaced.previous.tflops == 300.0
+        row = store.lookup("NVIDIA H200", "sm_90", SHAPE)
+        assert (row.config_key, row.tflops, row.trial, row.second_pass_tflops) == (OTHER.key, 280.0, 9, 270.4)
+        assert [(m["tflops"], m["replaced_by"]) for m in store.replaced_rows()] == [(300.0, "s #9 (second pass)")]
+        # the same row again (a retry whose commit went through) is kept: no churn
+        assert store.record_best(later, supersedes_study="s").action == "kept"
+        # another study's faster row still wins over the superseding one: only its own study's row gives way
+        store.record_best(entry(400.0, study="elsewhere", trial=1))
+        kept = store.record_best(entry(350.0, study="s", trial=10), supersedes_study="s")
+        assert kept.action == "kept" and kept.entry.study == "elsewhere"
+        assert len(store.replaced_rows()) == 2  # 280 (s #9) moved aside by the faster 400 of "elsewhere"
+
+
 def test_row_keeps_provenance_and_utc_time(url):
     with BestStore(url) as store:
         store.record_best(entry(300.0))

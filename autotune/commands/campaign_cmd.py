@@ -11,6 +11,10 @@ Resumable: running the same command again skips the shapes finished before and r
 copies a SQLite storage after every shape, so a run killed anyway keeps what it finished. One progress line per
 shape; at the end the table of every shape of the file (--markdown FILE writes it for docs/benchmarks.md).
 The file format is in autotune/search/campaign.py and docs/distributed.md.
+
+A shape's second pass (its finalists re-timed in another process) stores its row over the row an earlier pass of
+the same study stored, whatever the figures. Each run first re-records the second-pass rows that older versions
+let the table keep out; --repair-passes does only that, with no GPU, and exits.
 """
 from __future__ import annotations
 
@@ -48,6 +52,12 @@ def add_parser(subparsers) -> None:
     r.add_argument("--snapshot", default=None, metavar="PATH",
                    help="after every shape, copy the SQLite storage to PATH (a consistent copy, replaced atomically)")
     r.add_argument("--markdown", default=None, metavar="PATH", help="also write the closing table as markdown")
+    r.add_argument("--repair-passes", action="store_true",
+                   help="only re-record, without a GPU, the rows of the file's shapes whose recorded second pass "
+                        "the table kept out (an earlier pass's row of the same study stayed in its place: older "
+                        "versions kept it when it was faster than the figure across both passes), from the "
+                        "studies' attrs; the replaced rows move to the replaced-rows table. Every campaign run "
+                        "does this first")
     r.add_argument("--warm-from", action="append", default=[], metavar="FILE",
                    help="exported tables (e.g. studies/tuned/h200.json) whose rows warm-start shapes like the "
                         "storage's own best rows do; repeatable")
@@ -100,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(err))
     if args.order == "neighbours":
         plans = campaign.neighbour_order(plans)
+    if args.repair_passes:
+        return _fail("--repair-passes: runs alone; leave out --dry-run") if args.dry_run else _repair_passes(plans)
     if args.dry_run:
         return _dry_run(plans)
     if args.reserve_s is not None and args.budget_s is None:
@@ -124,6 +136,28 @@ def _dry_run(plans: list) -> int:
               f"retime top {opts.retime_top} in {opts.retime_rounds} rounds"
               f"{', study ' + opts.study_name if opts.study_name else ''}"
               f"{', workers ' + str(opts.workers) if opts.workers > 1 else ''}")
+    return 0
+
+
+def _repair_passes(plans: list) -> int:
+    """--repair-passes: campaign_passes.repair over the file's studies in each storage they use (which must
+    exist: nothing is created), found by the GPU each study's attrs name."""
+    from autotune.search import campaign_passes, campaign_run
+    from autotune.store import storage_url
+
+    groups: dict[str, list] = {}
+    try:
+        for p in plans:
+            groups.setdefault(storage_url.resolve_storage_url(p.storage or None), []).append(p)
+        urls = {url: storage_url.prepare(url, create=False) for url in groups}
+    except ValueError as err:  # storage_url.StorageError
+        return _fail(str(err))
+    for url, group in groups.items():
+        found = campaign_run.recorded_studies(group, urls[url])
+        done = campaign_passes.repair(found, urls[url])
+        recorded = sum(campaign_passes.ATTR in s.user_attrs for s in found)
+        print(f"campaign: --repair-passes {storage_url.describe(url)}: {len(done)} row(s) re-recorded; "
+              f"{len(found)} of the file's {len(group)} shape(s) have a study, {recorded} a recorded second pass")
     return 0
 
 

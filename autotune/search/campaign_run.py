@@ -1,5 +1,6 @@
 """Running a campaign: its shapes in turn, on one evaluator and one builder, within a time budget, resumable.
 
+    first, passes.repair: shipped rows of earlier second passes that the table kept out (campaign_passes.py)
     for each shape (campaign.neighbour_order puts tuned neighbours first):
         finished in an earlier run?   → skip it (its study says so: the `campaign` study attr)
         too little budget left?       → stop cleanly; the same command continues with this shape
@@ -242,13 +243,17 @@ def run(plans: list, *, log: Callable[[str], None] = print, budget: Budget | Non
     run_ = CampaignRun([Outcome(p, "not reached") for p in plans], plugs.gpu_name)
     held: dict = {}  # the first pass's HeldStore per real store (campaign_passes.py)
 
+    def real_store(options):
+        return store if store is not None else storage_url.resolve_storage_url(options.storage)
+
     def first_pass_store(options):
         if not second_pass:
             return store
-        real = store if store is not None else storage_url.resolve_storage_url(options.storage)
+        real = real_store(options)
         return held.setdefault(real if isinstance(real, str) else id(real), passes.HeldStore(real))
 
     try:
+        repair_passes(plans, plugs.gpu_name, real_store, log)
         earlier = [o for o in run_.outcomes if record_of(load_study(o.options, plugs.gpu_name)).get("finished")]
         for o in earlier:
             o.state = "finished earlier"
@@ -312,6 +317,25 @@ def run(plans: list, *, log: Callable[[str], None] = print, budget: Budget | Non
     return run_
 
 
+def repair_passes(plans: list, gpu_name: str, real_store: Callable, log: Callable[[str], None]) -> list:
+    """campaign_passes.repair over the plans' studies, per store they record to (`real_store(options)`)."""
+    by_store: dict = {}
+    for o in plans:
+        real = real_store(o)
+        by_store.setdefault(real if isinstance(real, str) else id(real), (real, []))[1].append(load_study(o, gpu_name))
+    return [r for real, found in by_store.values() for r in passes.repair(found, real, log)]
+
+
+def recorded_studies(plans: list, url: str) -> list:
+    """The studies of `plans` that storage `url` holds, each found by the GPU its own attr names (no GPU needed):
+    Optuna's study summaries, with their user attrs."""
+    import optuna
+
+    summaries = optuna.get_all_study_summaries(url, include_best_trial=False)
+    return [s for s in summaries
+            if any(s.study_name == study_name(p, str(s.user_attrs.get("gpu_name", ""))) for p in plans)]
+
+
 def run_second_pass(run_: CampaignRun, plugs: Plugs, held_for: Callable, budget: Budget,
                     log: Callable[[str], None]) -> None:
     """campaign_passes.py's second pass over every finished shape still without one, while the budget keeps its
@@ -368,4 +392,4 @@ def _minutes(seconds: float) -> str:
 
 __all__ = ["Budget", "CampaignRun", "DEFAULT_RESERVE_S", "MIN_TRIAL_LOOP_S", "Outcome", "Plugs", "RECORD_ATTR",
            "SharedBuilder", "add_record", "check_shareable", "finished", "load_study", "progress_line", "record_of",
-           "run", "study_name"]
+           "recorded_studies", "repair_passes", "run", "study_name"]

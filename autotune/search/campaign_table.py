@@ -1,6 +1,7 @@
 """A campaign's closing table, read from the storage: per shape the shipped config (the best across both passes,
 campaign_passes.py; else the first pass's winner) with its figure and both passes' medians, how it compares with
-the fastest peer measured beside it, the evaluated trials and the seconds spent (summed over every run).
+the fastest peer measured beside it, the evaluated trials and the seconds spent (summed over every run). A shipped
+config that the table did not store (it kept another study's row, at least as fast) says so beside the config.
 
 Read from each shape's study (its `retimed`, `baselines` and `campaign` attrs), not from this run's results, so
 the table after the second of two runs covers the shapes the first one finished too. Plain text for the log, or
@@ -27,6 +28,7 @@ class ShapeRow:
     trials: int = 0                # evaluated (built) configs
     seconds: float | None = None   # wall seconds on this shape, every run of the campaign together
     passes: tuple = ()             # the shipped config's median in the first and second pass (campaign_passes)
+    kept_from: str | None = None   # "study #trial" of another study's row the table kept instead (not stored)
 
     @property
     def versus_peer(self) -> float | None:
@@ -42,15 +44,17 @@ def shape_row(options, gpu_name: str) -> ShapeRow:
     key, tflops, figures = shipped(attrs)
     peers = {k: v for k, v in (attrs.get("baselines") or {}).items() if v}
     peer = max(peers, key=peers.get) if peers else None
+    kept = (attrs.get(campaign_passes.ATTR) or {}).get("kept_row")
     return ShapeRow(options.shape, "finished" if record.get("finished") else "unfinished", key, tflops,
                     peer, peers.get(peer), studies.StudyMemory.load(study, options.shape.problem).evaluated,
-                    record.get("seconds"), figures)
+                    record.get("seconds"), figures, f"{kept['study']} #{kept['trial']}" if kept else None)
 
 
 def shipped(attrs: dict) -> tuple[str | None, float | None, tuple]:
-    """(config key, TFLOPS, (first, second) pass medians) of what the shape's study stored: the second pass's
-    choice across both passes when it ran (campaign_passes.ATTR), else the first pass's (the `chosen` finalist;
-    the fastest one in studies older than that attr)."""
+    """(config key, TFLOPS, (first, second) pass medians) of what the shape's study shipped: the second pass's
+    choice across both passes when it ran (campaign_passes.ATTR; stored unless the table kept another study's
+    faster row, ShapeRow.kept_from), else the first pass's (the `chosen` finalist; the fastest one in studies
+    older than that attr)."""
     second = attrs.get(campaign_passes.ATTR) or {}
     across = next((f for f in second.get("finalists") or () if f.get("trial") == second.get("shipped")), None)
     if across is not None:
@@ -93,6 +97,8 @@ def _cells(row: ShapeRow) -> list[str]:
     config = short_config(row.config_key) if row.config_key else row.state
     if row.config_key and row.state != "finished":
         config += f" ({row.state})"
+    if row.kept_from:
+        config += f" (not stored: the table keeps {row.kept_from})"
     passes = " / ".join(f"{x:.1f}" for x in row.passes) if row.passes else "-"
     return [row.shape.key, config, f"{row.tflops:.1f}" if row.tflops else "-", passes, versus, str(row.trials),
             seconds]

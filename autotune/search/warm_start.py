@@ -90,7 +90,7 @@ def _study_top(storage, name: str | None, k: int) -> list[str]:
 class WarmStore:
     """A storage's best-per-shape table (BestStore) that also offers the rows of exported files as neighbours.
     Reading (`all_rows`): the storage's rows, then the files' rows of shapes the storage has no row for.
-    Storing (`record_best`) goes to the storage alone: the files are never written."""
+    Storing (`record_best`) and `lookup` go to the storage alone: the files are never written."""
 
     def __init__(self, store: BestStore, extra: list):
         self.store, self.extra = store, list(extra)
@@ -111,8 +111,12 @@ class WarmStore:
         keys = {r.key for r in own}
         return own + [e for e in self.extra if e.key not in keys and row_matches(e, **filters)]
 
-    def record_best(self, entry, source=None):
-        return self.store.record_best(entry, source)
+    def record_best(self, entry, source=None, **options):  # options: BestStore.record_best's (supersedes_study)
+        return self.store.record_best(entry, source, **options)
+
+    def lookup(self, gpu_name: str, arch: str, shape):
+        """The storage's own row (the files' rows are never stored ones)."""
+        return self.store.lookup(gpu_name, arch, shape)
 
     def close(self) -> None:
         self.store.close()

@@ -8,9 +8,10 @@ holding the winning config with its speed and provenance (study, trial, kernel s
 and the sha256 of the cubin it was measured with (`cubin_hash`), which the runtime checks a cached kernel against
 before it loads it (build/builder.py: a kernel cache may be shared, and is not trusted on its own word).
 
-Nothing a user stored is lost: `record_best` keeps whichever row is faster, and when a faster row replaces a
-slower one the slower one is moved to `autotune_best_replaced` (same columns plus when and by what), never
-deleted. Our tables use their own SQLAlchemy metadata, so creating them never touches Optuna's tables, and the
+Nothing a user stored is lost: `record_best` keeps whichever row is faster (or, asked to with
+`supersedes_study`, lets a campaign's second pass replace its own study's earlier row whatever the figures), and
+when a row replaces another the old one is moved to `autotune_best_replaced` (same columns plus when and by what),
+never deleted. Our tables use their own SQLAlchemy metadata, so creating them never touches Optuna's tables, and the
 schema version sits in `autotune_meta` (Optuna's `alembic_version` table is Optuna's) and says what an opening
 migrates from. Versions: 1, the first; 2 adds the nullable `cubin_hash` to both tables; 3 adds `causal_align`
 ("upper_left" or "lower_right", space.CAUSAL_ALIGNS) to both tables and to the key: a causal shape with Nq != Nk is
@@ -513,10 +514,14 @@ class BestStore:
 
     # -- verbs ----------------------------------------------------------------------------------------------
 
-    def record_best(self, entry: BestEntry, source: str | None = None) -> RecordResult:
+    def record_best(self, entry: BestEntry, source: str | None = None, *,
+                    supersedes_study: str | None = None) -> RecordResult:
         """Insert `entry`, or replace the row of its key when `entry` is faster; otherwise keep the old row.
 
-        A replaced row is moved to the replaced table with `source` (default "study #trial") as its successor.
+        `supersedes_study`: a row recorded from that study is replaced whatever the figures (a campaign's second
+        pass, campaign_passes.py, decides again what an earlier pass of the same study stored); a row of any
+        other study is still kept when it is at least as fast. A replaced row is moved to the replaced table with
+        `source` (default "study #trial") as its successor.
         """
         if self.read_only:
             raise StoreError(f"{storage_url.describe(self.url)}: opened read-only; cannot record a row")
@@ -525,13 +530,13 @@ class BestStore:
                 # One transaction, retried through a server restart like every storage call (transient.py). A try
                 # whose commit went through just before its connection broke is read back by the next: "kept".
                 return transient.call(self._record, entry, source or f"{entry.study} #{entry.trial}",
-                                      reset=self.engine.dispose)
+                                      supersedes_study, reset=self.engine.dispose)
             except IntegrityError:  # another process inserted the same key between our select and insert
                 if attempt:
                     raise
         raise AssertionError("unreachable")
 
-    def _record(self, entry: BestEntry, source: str) -> RecordResult:
+    def _record(self, entry: BestEntry, source: str, supersedes_study: str | None = None) -> RecordResult:
         with Session(self.engine) as s, s.begin():
             # Lock before reading, so that a second process recording this shape waits for our commit and compares
             # against our row, rather than replacing the row we replaced and losing ours (test_distributed: two
@@ -545,7 +550,10 @@ class BestStore:
                 s.add(_BestRow(**entry._columns()))
                 return RecordResult("inserted", entry, None)
             previous = BestEntry._from_row(row)
-            if entry.tflops <= previous.tflops:  # ties keep the existing row: no churn, nothing lost
+            # A later pass of the row's own study replaces it whatever the figures; the row itself (a retry whose
+            # commit went through) is kept. Otherwise ties keep the existing row: no churn, nothing lost.
+            superseded = supersedes_study is not None and previous.study == supersedes_study
+            if (entry.tflops <= previous.tflops and not superseded) or previous._columns() == entry._columns():
                 return RecordResult("kept", previous, previous)
             s.add(_ReplacedRow(**previous._columns(), replaced=_to_naive_utc(utcnow()), replaced_by=source[:512]))
             for name, value in entry._columns().items():
