@@ -11,7 +11,20 @@ Models, built from their configs (transformers' from_config, timm's create_model
     rope theta 500000) with --layers layers, bf16. Stock: attn_implementation="sdpa"; autotune: the same model after
     set_attn_implementation("autotune") (autotune.integrations.transformers). Prefill: one forward of --prompt
     tokens (batch 1), latency in ms. Decode: --decode steps of one token for --decode-batch sequences after a
-    prompt of --decode-prompt tokens (DynamicCache), tokens/s.
+    prompt of --decode-prompt tokens, tokens/s, three ways:
+      - eager: transformers' loop as it runs by default (DynamicCache), each step timed with CUDA events; the step
+        is host-bound (Python of the model and of each attention call), so this row measures the host;
+      - CUDA graph, StaticCache: as servers run it. One decode step (a static input-token buffer; the cache's own
+        position tensor, which the step advances on the device) captured once in a torch.cuda.CUDAGraph after
+        warm-up steps (the first autotune call of a shape builds and looks up its kernel there), replayed --decode
+        times, tokens/s from CUDA events around the replays. transformers passes a static cache's decode an
+        explicit mask (the valid prefix of max_cache_len slots), which the kernel cannot take: the autotune path
+        falls back to SDPA on every decode call there, and its fallback column says so;
+      - CUDA graph, fixed context: one decode step at the prompt's length (DynamicCache, no mask, as eager decode
+        runs it) captured and replayed --decode times; every replay recomputes that same step, the work of a real
+        step at that length. transformers builds a dense mask whenever a CUDA stream is capturing, even where eager
+        decode passes none (masking_utils: is_tracing), so the capture is made with that check answering as it does
+        eagerly (masks_as_eager), for both paths alike. This is the row that measures the kernel inside a model.
   * vit: timm's vit_large_patch14_clip_336 (ViT-L/14 at 336 px: 577 tokens, 16 heads of 64), bf16, batch
     --vit-batch; images/s. Stock: timm's F.scaled_dot_product_attention; autotune: inside autotune.patch_sdpa().
 
@@ -19,7 +32,7 @@ Outputs compared on the same inputs: the first-token logits (llama prefill's las
 logits), max |autotune − stock|, next to the stock path's own backend-to-backend difference (stock vs the same
 model with SDPA forced to its math backend) as the yardstick. Times: CUDA events, median of --reps after warm-up
 (the first autotune call of a shape compiles its kernel: warm-up absorbs it). Fallbacks are printed: a model
-whose calls fall back is running stock attention, not ours.
+whose calls fall back is running stock attention, not ours; the last column counts them per row (autotune path).
 
 --capture FILE: run the autotune paths inside autotune.capture(FILE) (the campaign of what they ran).
 --benchmark-mode: autotune.set_benchmark_mode(True) first (untuned shapes time a few built configs).
@@ -68,6 +81,108 @@ def math_sdpa():
         yield
 
 
+GRAPH_WARMUP = 3  # eager decode steps on a side stream before a capture (torch's recipe; the first builds kernels)
+
+
+def cache_kwarg(model) -> str:
+    """The name under which this transformers' forward takes the cache: past_key_values (5.17) or cache (5.24)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "past_key_values" if "past_key_values" in params else "cache"
+
+
+def fallback_total() -> int:
+    import autotune
+
+    return sum(autotune.fallback_counts().values())
+
+
+@contextlib.contextmanager
+def masks_as_eager():
+    """transformers' mask builders skip the mask (SDPA's is_causal / no mask) only when nothing is tracing, and count a
+    capturing CUDA stream as tracing: inside the block they see the stream as not capturing, so a captured step
+    passes the masks the eager step passes. Any data-dependent check this lets through would synchronize, which
+    fails the capture loudly rather than changing what runs."""
+    from transformers.utils import import_utils
+
+    saved = import_utils.is_cuda_stream_capturing
+    import_utils.is_cuda_stream_capturing = lambda: False
+    try:
+        yield
+    finally:
+        import_utils.is_cuda_stream_capturing = saved
+
+
+def cuda_graph(step):
+    """step() captured in a CUDA graph after GRAPH_WARMUP eager calls on a side stream; returns the graph's replay.
+    The capture enqueues nothing; each replay runs the captured step once."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(GRAPH_WARMUP):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    step.before_capture()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    step.graph = graph  # the graph and the tensors it reads live as long as the step
+    return graph.replay
+
+
+class DecodeStep:
+    """One greedy decode step of `model` on a static token buffer: reads `token`, writes the next token into it.
+
+    static=True: a StaticCache of max_cache_len slots, filled by the prompt; each call (replay) writes one more slot
+    and advances the cache's position on the device. static=False: a DynamicCache filled by the prompt, which each
+    eager call grows (torch.cat); before_capture() keeps the cache's tensors of that moment alive, since the
+    captured step reads them on every replay."""
+
+    def __init__(self, model, cfg, prompt, static: bool, max_cache_len: int | None = None):
+        import torch
+        from transformers import DynamicCache, StaticCache
+
+        self.model, self.kwarg = model, cache_kwarg(model)
+        self.cache = (StaticCache(config=cfg, max_cache_len=max_cache_len) if static else DynamicCache(config=cfg))
+        logits = model(prompt, **{self.kwarg: self.cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
+        self.token = torch.empty(prompt.shape[0], 1, dtype=torch.long, device=prompt.device)
+        self.token.copy_(logits.argmax(-1, keepdim=True))
+        self.held = None
+
+    def before_capture(self) -> None:
+        self.held = [t for layer in self.cache.layers for t in (layer.keys, layer.values)]
+
+    def __call__(self) -> None:
+        logits = self.model(self.token, **{self.kwarg: self.cache}, use_cache=True).logits[:, -1]
+        self.token.copy_(logits.argmax(-1, keepdim=True))
+
+
+def replay_tokens_per_s(replay, batch: int, replays: int) -> float:
+    """tokens/s of `replays` back-to-back replays, CUDA events around them all."""
+    import torch
+
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(replays):
+        replay()
+    end.record()
+    end.synchronize()
+    return batch * replays / (begin.elapsed_time(end) / 1e3)
+
+
+def graphed_decode_tokens_per_s(model, cfg, prompt, replays: int, static: bool, repeats: int = 3,
+                                graph=cuda_graph, rate=replay_tokens_per_s) -> float:
+    """Median over `repeats` of replay_tokens_per_s for one captured DecodeStep (see the module docstring)."""
+    capacity = prompt.shape[1] + GRAPH_WARMUP + 1 + repeats * replays
+    step = DecodeStep(model, cfg, prompt, static, capacity)
+    with contextlib.nullcontext() if static else masks_as_eager():
+        replay = graph(step)
+    return statistics.median(rate(replay, prompt.shape[0], replays) for _ in range(repeats))
+
+
 def llama(args):
     import torch
     from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
@@ -86,39 +201,59 @@ def llama(args):
     def prefill():
         return model(prompt, use_cache=False, logits_to_keep=1).logits[:, -1]
 
+    kwarg = cache_kwarg(model)
+
     def decode_tokens_per_s():
         cache = DynamicCache(config=cfg)
-        logits = model(batch_prompt, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        logits = model(batch_prompt, **{kwarg: cache}, use_cache=True, logits_to_keep=1).logits[:, -1]
         token = logits.argmax(-1, keepdim=True)
         steps = []
         for _ in range(args.decode):
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
-            token = model(token, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+            token = model(token, **{kwarg: cache}, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
             end.record()
             steps.append((begin, end))
         torch.cuda.synchronize()
         seconds = sum(b.elapsed_time(e) for b, e in steps) / 1e3
         return args.decode_batch * args.decode / seconds
 
-    rows = []
+    graphed = [] if args.skip_graphs else [("CUDA graph, StaticCache", True), ("CUDA graph, fixed context", False)]
+
+    def graphed_rates():
+        return [graphed_decode_tokens_per_s(model, cfg, batch_prompt, args.decode, static) for _, static in graphed]
+
     with torch.no_grad():
         stock_logits = prefill()
         with math_sdpa():
             yardstick = max_diff(prefill(), stock_logits)
         stock_ms = cuda_ms(prefill, args.reps, args.warmup)
         stock_tps = statistics.median(decode_tokens_per_s() for _ in range(3))
+        stock_graphed = graphed_rates()
         model.set_attn_implementation("autotune")
+        fell_back = []
         with args.capture_context():
+            before = fallback_total()
             ours_logits = prefill()
             ours_ms = cuda_ms(prefill, args.reps, args.warmup)
+            fell_back.append(fallback_total() - before)
+            before = fallback_total()
             decode_tokens_per_s()  # warm-up: builds the decode buckets' kernels
             ours_tps = statistics.median(decode_tokens_per_s() for _ in range(3))
+            fell_back.append(fallback_total() - before)
+            ours_graphed = []
+            for _, static in graphed:
+                before = fallback_total()
+                ours_graphed.append(graphed_decode_tokens_per_s(model, cfg, batch_prompt, args.decode, static))
+                fell_back.append(fallback_total() - before)  # calls made eagerly (warm-up) and while capturing
+        model.set_attn_implementation("sdpa")
     diff = max_diff(ours_logits, stock_logits)
     name = f"Llama-3-8B-shaped, {args.layers} layers"
-    rows.append((f"{name}: prefill B1 N{args.prompt}", "ms", stock_ms, ours_ms, diff, yardstick))
-    rows.append((f"{name}: decode B{args.decode_batch} from N{args.decode_prompt}, {args.decode} steps",
-                 "tokens/s", stock_tps, ours_tps, None, None))
+    decode = f"{name}: decode B{args.decode_batch} from N{args.decode_prompt}, {args.decode} steps"
+    rows = [(f"{name}: prefill B1 N{args.prompt}", "ms", stock_ms, ours_ms, diff, yardstick, fell_back[0]),
+            (f"{decode}, eager (DynamicCache)", "tokens/s", stock_tps, ours_tps, None, None, fell_back[1])]
+    for (how, _), stock, ours, n in zip(graphed, stock_graphed, ours_graphed, fell_back[2:]):
+        rows.append((f"{decode}, {how}", "tokens/s", stock, ours, None, None, n))
     return rows
 
 
@@ -137,12 +272,13 @@ def vit(args):
         with math_sdpa():
             yardstick = max_diff(run(), stock_logits)
         stock_ms = cuda_ms(run, args.reps, args.warmup)
+        before = fallback_total()
         with autotune.patch_sdpa(), args.capture_context():
             ours_logits = run()
             ours_ms = cuda_ms(run, args.reps, args.warmup)
     per_s = lambda ms: args.vit_batch / ms * 1e3  # noqa: E731
     return [(f"ViT-L/14 336 px (timm), B{args.vit_batch}", "images/s", per_s(stock_ms), per_s(ours_ms),
-             max_diff(ours_logits, stock_logits), yardstick)]
+             max_diff(ours_logits, stock_logits), yardstick, fallback_total() - before)]
 
 
 def main() -> int:
@@ -159,6 +295,7 @@ def main() -> int:
     p.add_argument("--capture", metavar="FILE", default=None)
     p.add_argument("--benchmark-mode", action="store_true")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--skip-graphs", action="store_true", help="leave out the two CUDA-graph decode rows")
     args = p.parse_args()
 
     import torch
@@ -177,12 +314,13 @@ def main() -> int:
 
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}"
           + (", capture on" if args.capture else "") + (", benchmark mode" if args.benchmark_mode else ""))
-    head = ("model", "unit", "stock", "autotune", "autotune/stock", "max |Δ logits|", "stock's own (math SDPA)")
+    head = ("model", "unit", "stock", "autotune", "autotune/stock", "max |Δ logits|", "stock's own (math SDPA)",
+            "autotune calls that fell back")
     lines = []
-    for label, unit, stock, ours, diff, yard in rows:
+    for label, unit, stock, ours, diff, yard, fell_back in rows:
         ratio = stock / ours if unit == "ms" else ours / stock  # > 1: autotune is faster
         lines.append((label, unit, f"{stock:.1f}", f"{ours:.1f}", f"{ratio:.3f}",
-                      "" if diff is None else f"{diff:.3g}", "" if yard is None else f"{yard:.3g}"))
+                      "" if diff is None else f"{diff:.3g}", "" if yard is None else f"{yard:.3g}", str(fell_back)))
     if args.markdown:
         print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
         for line in lines:

@@ -1,0 +1,99 @@
+"""benchmarks/models_e2e.py's decode steps on CPU, with the kernel stood in (model_doubles) and the CUDA graph
+replaced by eager replays: what a graphed decode row runs on which path, and what transformers hands the backend
+in each (its static cache's explicit mask: a fallback on every decode call; a capturing stream: a mask even where
+eager decode passes none, unless masks_as_eager)."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import autotune.integrations.transformers  # noqa: E402,F401
+from model_doubles import fallback_reasons, stand_in  # noqa: E402,F401
+from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "models_e2e.py"
+spec = importlib.util.spec_from_file_location("models_e2e", SCRIPT)
+e2e = importlib.util.module_from_spec(spec)
+sys.modules.setdefault("models_e2e", e2e)
+spec.loader.exec_module(e2e)
+
+PROMPT = 6
+
+
+def tiny(attn="autotune"):
+    cfg = LlamaConfig(vocab_size=128, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=128)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation=attn, dtype=torch.bfloat16).eval(), cfg
+
+
+def prompt(batch=2):
+    return torch.randint(3, 128, (batch, PROMPT), generator=torch.Generator().manual_seed(1))
+
+
+def eager_graph(step):
+    """cuda_graph's order of events without a GPU: the warm-up calls, before_capture, then replay = the step."""
+    for _ in range(e2e.GRAPH_WARMUP):
+        step()
+    step.before_capture()
+    return step
+
+
+def replays(replay, batch, n):
+    for _ in range(n):
+        replay()
+    return float(n)
+
+
+def test_a_static_cache_decode_passes_a_mask_and_falls_back_on_every_call(stand_in):
+    model, cfg = tiny()
+    with torch.no_grad():
+        step = e2e.DecodeStep(model, cfg, prompt(), static=True, max_cache_len=PROMPT + 8)
+        replay = eager_graph(step)
+        for _ in range(2):
+            replay()
+    layer = step.cache.layers[0]
+    assert int(layer.cumulative_length) == PROMPT + e2e.GRAPH_WARMUP + 2  # the position advances in the step
+    # the prompt runs on the kernel (the crop of the empty slots); no decode call does
+    assert [c["q"][2] for c in stand_in.calls] == [PROMPT, PROMPT]
+    reasons = fallback_reasons()
+    assert list(reasons) == ["an explicit attention mask (padding, a window or another pattern)"]
+    assert sum(reasons.values()) == 2 * (e2e.GRAPH_WARMUP + 2)  # 2 layers × every decode step
+
+
+def test_a_fixed_context_decode_runs_on_the_kernel_and_holds_what_the_capture_reads(stand_in):
+    model, cfg = tiny()
+    with torch.no_grad():
+        rate = e2e.graphed_decode_tokens_per_s(model, cfg, prompt(), 3, static=False, repeats=1, graph=eager_graph,
+                                               rate=replays)
+    assert rate == 3.0 and fallback_reasons() == {}
+    decode = [c for c in stand_in.calls if c["q"][2] == 1]
+    assert len(decode) == 2 * (e2e.GRAPH_WARMUP + 3) and all(c["k"][1] == 2 and c["causal"] is False for c in decode)
+
+
+def test_a_capturing_stream_makes_transformers_pass_a_mask_unless_masks_as_eager(stand_in, monkeypatch):
+    model, cfg = tiny()
+    with torch.no_grad():
+        step = e2e.DecodeStep(model, cfg, prompt(), static=False)
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)  # as inside torch.cuda.graph
+        step()
+        masked = sum(fallback_reasons().values())
+        # 5.17 (the GPU host's) counts a capturing stream as tracing and never skips the mask then: both layers fall
+        # back; later versions (5.24) skip it as eagerly where there is no padding mask
+        assert masked == 2 if transformers.__version__.startswith("5.17") else masked in (0, 2)
+        with e2e.masks_as_eager():
+            step()
+        assert sum(fallback_reasons().values()) == masked  # no mask, as eagerly: both layers ran the kernel
+    decode = [c["k"][2] for c in stand_in.calls if c["q"][2] == 1]
+    assert decode[-2:] == [PROMPT + 2] * 2 and len(decode) == 4 - masked
+
+
+def test_the_cache_argument_is_found_by_name():
+    model, _ = tiny("sdpa")
+    assert e2e.cache_kwarg(model) in ("past_key_values", "cache")
