@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 GPU_NAME = "Test Double GPU"
+DEFAULT_ACTION = "*"  # the plan's entry for configs it does not name (Control.plan's `default`)
 
 
 class Control:
@@ -38,9 +39,12 @@ class Control:
     def env(self) -> dict[str, str]:
         return {"AUTOTUNE_DOUBLE_LOG": str(self.log), "AUTOTUNE_DOUBLE_PLAN": str(self.plan_path)}
 
-    def plan(self, actions: dict) -> None:
-        """{Config: action} (module docstring)."""
-        self.plan_path.write_text(json.dumps({c.key: a for c, a in actions.items()}))
+    def plan(self, actions: dict, default: str | None = None) -> None:
+        """{Config: action} (module docstring); `default`: the action of every config the dict does not name."""
+        plan = {c.key: a for c, a in actions.items()}
+        if default is not None:
+            plan[DEFAULT_ACTION] = default
+        self.plan_path.write_text(json.dumps(plan))
 
     def calls(self, kind: str = "evaluate") -> list[dict]:
         if not self.log.is_file():
@@ -104,7 +108,8 @@ def evaluate(build, shape):
     _log("evaluate", config_key=key, cubin_hash=build.cubin_hash)
     if build.cubin_path is None or not Path(build.cubin_path).is_file():
         return Evaluation("wrong", key, shape.key, reason=f"double: no cubin at {build.cubin_path}")
-    action = _plan().get(key)
+    plan = _plan()
+    action = plan.get(key, plan.get(DEFAULT_ACTION))
     if action == "crash" or (action == "crash_once" and not _crashed_before(key)):
         os._exit(139)  # what a segfaulting kernel looks like from the parent
     if action == "hang" or (action == "hang_once" and not _crashed_before(key)):
