@@ -238,6 +238,31 @@ def shipped_rows(rows: list[dict], shapes: list[Shape], builder) -> list[dict]:
     return out
 
 
+def sm90_builder():
+    """The runtime's kernel builder for sm_90, with one nvcc job per CPU (the rows' configs build up front)."""
+    import os
+
+    from autotune.runtime.lookup import builder as runtime_builder
+
+    builder = runtime_builder(space.get_arch("sm_90"))
+    builder.jobs = max(1, os.cpu_count() or 1)
+    return builder
+
+
+def measure_rows(shapes, builder, sweep: bool = False, eager: bool = False, tiles=SWEEP_TILES,
+                 after_each=None) -> list[dict]:
+    """measure() per shape with a progress line on stderr; `after_each(rows)` after every row (e.g. to save them)."""
+    rows = []
+    for shape in shapes:
+        t0 = time.monotonic()
+        rows.append(measure(shape, sweep, builder, eager, tiles))
+        print(f"{shape.key}: {({k: round(v, 1) for k, v in rows[-1]['us'].items()})} µs "
+              f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+        if after_each is not None:
+            after_each(rows)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", action="append", type=parse_shape, default=None, help="shape key (repeatable)")
@@ -258,13 +283,11 @@ def main(argv=None) -> int:
         print("decode_table: needs a CUDA GPU", file=sys.stderr)
         return 2
     from autotune.launch import loader
-    from autotune.runtime.lookup import builder as runtime_builder
 
     if args.combine_pdl is not None:
         loader.COMBINE_PROGRAMMATIC = args.combine_pdl
 
-    builder = runtime_builder(space.get_arch("sm_90"))
-    builder.jobs = max(1, __import__("os").cpu_count() or 1)
+    builder = sm90_builder()
     shapes = args.shape or [parse_shape(k) for k in SHAPES]
     tiles = SWEEP_TILES
     if args.sweep_tiles:
@@ -275,16 +298,12 @@ def main(argv=None) -> int:
             ap.error(f"--sweep-tiles: expected 'wgs,bc,stages,min_blocks,overlap;...', got {args.sweep_tiles!r}")
     args.out.mkdir(parents=True, exist_ok=True)
     copy_tbs, read_tbs = device_rates_tbs() if args.copy else (None, None)
-    rows = []
-    for shape in shapes:
-        t0 = time.monotonic()
-        rows.append(measure(shape, args.sweep, builder, args.eager, tiles))
-        print(f"{shape.key}: {({k: round(v, 1) for k, v in rows[-1]['us'].items()})} µs "
-              f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
-        meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-                "command": " ".join(sys.argv), "copy_tbs": copy_tbs, "read_tbs": read_tbs,
-                "combine_programmatic": loader.COMBINE_PROGRAMMATIC}
-        (args.out / "decode.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+            "command": " ".join(sys.argv), "copy_tbs": copy_tbs, "read_tbs": read_tbs,
+            "combine_programmatic": loader.COMBINE_PROGRAMMATIC}
+    save = lambda rows: (args.out / "decode.json").write_text(  # noqa: E731  (a killed run keeps its rows)
+        json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    rows = measure_rows(shapes, builder, args.sweep, args.eager, tiles, after_each=save)
     if args.sweep:
         table = {"format": "autotune-best", "schema_version": 1, "rows": shipped_rows(rows, shapes, builder)}
         (args.out / "decode-rows.json").write_text(json.dumps(table, indent=2, default=str) + "\n")

@@ -163,22 +163,11 @@ def main(argv=None) -> int:
 
 def decode_rows(out: Path, meta: dict) -> str:
     """decode_table.py's default rows and device rates, measured now (this process); its markdown."""
-    import os
-
     import decode_table  # imports this module's shape parser: imported here, not at the top
 
-    import space
-    from autotune.runtime.lookup import builder as runtime_builder
-
-    builder = runtime_builder(space.get_arch("sm_90"))
-    builder.jobs = max(1, os.cpu_count() or 1)
     copy_tbs, read_tbs = decode_table.device_rates_tbs()
-    rows = []
-    for key in decode_table.SHAPES:
-        t0 = time.monotonic()
-        rows.append(decode_table.measure(decode_table.parse_shape(key), False, builder, False))
-        print(f"{key}: {({k: round(v, 1) for k, v in rows[-1]['us'].items()})} µs ({time.monotonic() - t0:.0f} s)",
-              file=sys.stderr, flush=True)
+    rows = decode_table.measure_rows([decode_table.parse_shape(k) for k in decode_table.SHAPES],
+                                     decode_table.sm90_builder())
     (out / "decode.json").write_text(json.dumps({"meta": {**meta, "copy_tbs": copy_tbs, "read_tbs": read_tbs},
                                                  "rows": rows}, indent=2) + "\n")
     return (f"Decode (inside a CUDA graph; device copy {copy_tbs:.2f} TB/s read + write, read {read_tbs:.2f} TB/s)\n\n"
