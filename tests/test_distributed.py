@@ -22,7 +22,12 @@ import pytest
 import search_doubles
 from autotune.search import verdicts as trial_mod
 from autotune.store.claims import Claims
-from autotune.search.loop import SearchOptions, run_search
+from autotune.build.spill_policy import SpillPolicy
+from autotune.search import coordination as peers
+from autotune.search import study as studies
+from autotune.search.loop import SearchOptions, TrialLoop, run_search
+from autotune.search.progress import ProgressPrinter
+from autotune.search.sampling import SearchSpace, shadow_sampler
 from pg_server import pg_server, postgres_url  # noqa: F401  (pytest fixtures)
 from test_search import A, A_Q, ARCH, B, C, E, PROBLEM, SHAPE
 from test_cli_search import SHAPE_ARGS
@@ -185,6 +190,51 @@ def test_a_worker_killed_mid_trial_is_retried_and_the_study_completes(postgres_u
     assert {(c["worker"], c["device"]) for c in double.calls() if c["worker"]} <= {("0", "0"), ("1", "1"), ("2", "0")}
     spans = sorted((c["started"], c["ended"]) for c in double.calls("evaluated") if c["device"] == "0" and c["worker"])
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), spans
+
+
+class _PeersWhoseRefreshRequeues:
+    """Other processes as TrialLoop sees them (coordination.Shared's surface): the forced refresh that ask()
+    makes before sampling is the one that fails a dead worker's stale trial and re-queues its config."""
+
+    def __init__(self, study, config):
+        self.study, self.config = study, config
+        self.running_elsewhere, self.waiting = 1, 0  # the dead worker's trial, RUNNING until found stale
+        self.forced = 0
+
+    def refresh(self, force=False):
+        if force and not self.forced:
+            self.study.enqueue_trial(SearchSpace(PROBLEM, ARCH).params(self.config))  # as deaths.py re-queues
+            self.running_elsewhere, self.waiting = 0, 1
+        self.forced += force
+
+    def claim(self, trial, config):
+        return peers.MINE
+
+    def held(self, trial):
+        pass
+
+    def released(self, trial):
+        pass
+
+
+def test_a_retry_requeued_by_the_refresh_before_sampling_is_asked_before_a_new_config():
+    """ask() found the queue empty, then its forced refresh re-queued a dead worker's trial: that retry must be
+    asked now. A sampled config in its place fills the budget and the search stops with the retry WAITING (the
+    race CI once lost in the test above)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    memory = studies.StudyMemory.load(study, PROBLEM)
+    coordination = _PeersWhoseRefreshRequeues(study, E)
+    loop = TrialLoop(study, SearchSpace(PROBLEM, ARCH), None, None, SHAPE, SpillPolicy(), memory,
+                     ProgressPrinter(5, log=lambda line: None), 5, 100, None, coordination,
+                     sampler=functools.partial(shadow_sampler, "random", 0))
+    pending = loop.ask()
+    assert coordination.forced == 1
+    asked = [(t.state.name, t.params and study_config(t).key) for t in study.trials]
+    assert asked == [("RUNNING", E.key)], asked  # the retry, popped; no new trial was created
+    assert pending is not None and pending.config == E
 
 
 def study_config(t):

@@ -473,14 +473,19 @@ class TrialLoop:
             # Critical: once the trial exists in the storage, a Ctrl-C must find it told or in flight (interrupts.py).
             with interrupts.critical():
                 queued = self._from_queue()
+                if queued is None:
+                    # A new config adds to the study's budget; can_ask counted the other processes' trials at its
+                    # throttled refresh, which may predate the last of them starting: count again, fresh, so the
+                    # budget is overshot only by processes asking at the very same moment (docs/distributed.md).
+                    # That refresh may also re-queue a dead process's trial (fail_stale_trials): its retry comes
+                    # before any new config, else the budget fills with sampled ones and the retry is stranded
+                    # WAITING when the search stops.
+                    self.peers.refresh(force=True)
+                    queued = self._from_queue()
                 if queued is not None:
                     t, config = queued
                     shadow = self.proposer.follow(t.params)
                 else:
-                    # A new config adds to the study's budget; can_ask counted the other processes' trials at its
-                    # throttled refresh, which may predate the last of them starting: count again, fresh, so the
-                    # budget is overshot only by processes asking at the very same moment (docs/distributed.md).
-                    self.peers.refresh(force=True)
                     if self._wanted() <= 0:
                         return None
                     proposal = self.proposer.propose(self.memory.by_config, self.in_flight)
