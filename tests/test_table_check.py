@@ -1,0 +1,120 @@
+"""The check that a shipped table holds on another day (autotune/search/table_check.py, benchmarks/table_holds.py):
+the finalists file, which row the table serves, the verdict, and a check on a synthetic noisy GPU with known
+true speeds (tests/finale_doubles.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import finale_doubles as fd
+from autotune.search import table_check
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPE_ATTRS = {"batch": 1, "heads": 2, "kv_heads": 2, "seqlen_q": 256, "seqlen_k": 256, "head_dim": 256,
+               "dtype": "fp16", "causal": False, "causal_align": "upper_left"}
+A, B, C = (fd.near_default(n).key for n in range(3))
+
+
+def finalist(trial, key, first, second):
+    return {"trial": trial, "config_key": key, "first_tflops": first, "second_tflops": second,
+            "first_rounds": [first], "second_rounds": [second] if second else [], "status": "complete"}
+
+
+def study(name, finalists, shipped):
+    attrs = {"shape": SHAPE_ATTRS, "gpu_name": "NVIDIA H200", "arch": "sm_90",
+             "second_pass": {"shipped": shipped, "first_winner": 0, "finalists": finalists}}
+    return SimpleNamespace(study_name=name, user_attrs=attrs)
+
+
+def test_the_finalists_are_those_of_both_passes_best_across_them_first_and_a_study_without_a_pass_is_left_out():
+    s = study("s1", [finalist(0, A, 100.0, 90.0), finalist(1, B, 96.0, 99.0), finalist(2, C, 101.0, None)], 1)
+    none = SimpleNamespace(study_name="s0", user_attrs={"shape": SHAPE_ATTRS})
+    (item,) = table_check.from_studies([s, none])
+    assert item.shipped == B
+    assert [k for _, k, _, _ in item.finalists] == [B, A]  # C failed the second pass: nothing to compare
+    assert item.shape == fd.SHAPE
+
+
+def test_the_finalists_file_round_trips_and_another_file_is_refused_by_name(tmp_path):
+    s = study("s1", [finalist(0, A, 100.0, 90.0), finalist(1, B, 96.0, 99.0)], 1)
+    items = table_check.from_studies([s])
+    path = table_check.write(tmp_path / "f.json", items, "sqlite:///x.db")
+    assert table_check.read(path) == items
+    other = tmp_path / "table.json"
+    other.write_text(json.dumps({"format": "autotune-best", "rows": []}))
+    with pytest.raises(ValueError, match="expected a finalists file"):
+        table_check.read(other)
+
+
+def row(study_name, key, **shape):
+    fields = {**SHAPE_ATTRS, **shape}
+    fields["seqlen"] = fields.pop("seqlen_q")
+    return {"gpu_name": "NVIDIA H200", "arch": "sm_90", "study": study_name, "config_key": key, **fields}
+
+
+def test_the_served_config_is_the_studys_row_else_the_same_shapes_else_none():
+    (item,) = table_check.from_studies([study("s1", [finalist(0, A, 100.0, 99.0)], 0)])
+    assert table_check.served_config([row("other", C), row("s1", B)], item) == B
+    assert table_check.served_config([row("other", C)], item) == C
+    assert table_check.served_config([row("s1", B, seqlen_q=512, seqlen_k=512)], item) is None
+
+
+def test_a_row_holds_within_the_band_and_not_beyond_it_nor_when_its_config_fails():
+    assert table_check.judge("s", A, {A: 98.6, B: 100.0}, band=0.015).holds
+    assert not table_check.judge("s", A, {A: 98.4, B: 100.0}, band=0.015).holds
+    failed = table_check.judge("s", A, {A: None, B: 100.0})
+    assert not failed.holds and failed.best == B
+    assert not table_check.judge("s", None, {B: 100.0}).holds  # the table has no row for the shape
+
+
+def check(truths: dict, served: str, sigma: float = 0.002, seed: int = 0):
+    item = table_check.ShapeFinalists("s", fd.SHAPE, "NVIDIA H200", "sm_90", served,
+                                      tuple((i, k, 1.0, 1.0) for i, k in enumerate(k for k in truths if k != C)))
+    gpu = fd.NoisyGPU({fd.near_default(n): truths[k] for n, k in enumerate((A, B, C)) if k in truths}, sigma, seed)
+    return table_check.check_shape(item, served, fd.Builder(), gpu, rounds=3, log=lambda _: None), gpu
+
+
+def test_a_served_config_measurably_behind_its_best_finalist_does_not_hold_and_the_best_one_does():
+    slow, _ = check({A: 95.0, B: 100.0}, A)
+    assert not slow.holds and slow.best == B and slow.ratio == pytest.approx(0.95, abs=0.01)
+    fast, _ = check({A: 95.0, B: 100.0}, B)
+    assert fast.holds and fast.best == B
+
+
+def test_a_served_config_that_is_no_finalist_is_timed_beside_them():
+    v, gpu = check({A: 100.0, B: 99.0, C: 99.5}, C)  # C: the table's config, not in the finalists file
+    assert set(v.medians) == {A, B, C}
+    assert sum(1 for c in gpu.calls if c.key == C) == 3
+    assert v.holds
+
+
+def test_the_shipped_finalists_file_covers_every_second_passed_row_of_the_shipped_table():
+    table = json.loads((ROOT / "studies" / "tuned" / "h200.json").read_text())["rows"]
+    items = {i.study: i for i in table_check.read(ROOT / "studies" / "finalists" / "h200.json")}
+    passed = [r for r in table if r.get("second_pass_tflops")]
+    assert passed, "the shipped table has no second-passed row"
+    for r in passed:
+        item = items.get(r["study"])
+        assert item is not None, f"{r['study']}: no finalists in studies/finalists/h200.json (re-run --write-finalists)"
+        assert item.shipped == r["config_key"], f"{r['study']}: the table ships another config than its pass"
+        assert table_check.served_config(table, item) == r["config_key"]
+
+
+def test_the_script_checks_the_shipped_table_on_the_fake_gpu_and_writes_its_table(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+           "AUTOTUNE_DOUBLE_ARCH": "sm_90"}
+    env.pop("OUT", None)
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "table_holds.py"), "--evaluator",
+                           "search_doubles:evaluate", "--fake-builder", "--shapes", "b4-h16-n4096-d128-fp16",
+                           "--out-dir", str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "table-holds.json").read_text())
+    assert [v["shape"] for v in result["verdicts"]] == ["b4-h16-n4096-d128-fp16-causal", "b4-h16-n4096-d128-fp16-full"]
+    assert "2 of 2 row(s) within 1.5 %" in (tmp_path / "table-holds.md").read_text()
