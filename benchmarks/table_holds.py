@@ -4,15 +4,16 @@
     # on the workstation, after a campaign (CPU): the finalists the check needs, from the campaign's storage
     PYTHONPATH=. python3 benchmarks/table_holds.py --write-finalists sqlite:///studies/campaign-h200.db
     # on the GPU host, another day or host than the campaign's: every row, one evaluator session
-    PYTHONPATH=. python3 benchmarks/table_holds.py [--rounds 3] [--band 0.015] [--shapes d128-fp16 ...]
+    PYTHONPATH=. python3 benchmarks/table_holds.py [--rounds 6] [--band 0.015] [--shapes d128-fp16 ...]
     # the fake GPU (tests/search_doubles.py), no nvcc: a placeholder file for each cubin
     PYTHONPATH=.:tests AUTOTUNE_DOUBLE_ARCH=sm_90 python3 benchmarks/table_holds.py \\
         --evaluator search_doubles:evaluate --fake-builder
 
 For each shape of the finalists file (default studies/finalists/h200.json): the config the table
 (default studies/tuned/h200.json) serves for it and the shape's finalists are built (one parallel build of every
-shape's configs first) and timed interleaved, --rounds rounds each, in one evaluator session; a row holds when
-its config's median is within --band of the best median (autotune/search/table_check.py). Prints a markdown
+shape's configs first) and timed interleaved, --rounds rounds each, in one evaluator session; the best finalist
+is chosen on the even rounds, and a row holds when its config's median over the odd rounds is within --band of
+that finalist's (autotune/search/table_check.py says why). Prints a markdown
 table and writes it, with the figures as JSON, to $OUT (the GPU host) or --out-dir. --budget-s stops before a
 shape whose timing would start after that many seconds; the shapes left are listed.
 """

@@ -4,6 +4,7 @@ true speeds (tests/finale_doubles.py)."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -118,3 +119,42 @@ def test_the_script_checks_the_shipped_table_on_the_fake_gpu_and_writes_its_tabl
     result = json.loads((tmp_path / "table-holds.json").read_text())
     assert [v["shape"] for v in result["verdicts"]] == ["b4-h16-n4096-d128-fp16-causal", "b4-h16-n4096-d128-fp16-full"]
     assert "2 of 2 row(s) within 1.5 %" in (tmp_path / "table-holds.md").read_text()
+
+
+def test_the_best_finalist_is_chosen_on_other_rounds_than_those_it_is_compared_on():
+    assert table_check.split_medians([100.0, 90.0, 102.0, 91.0]) == (101.0, 90.5)
+    assert table_check.split_medians([100.0]) == (100.0, 100.0)
+    assert table_check.split_medians([100.0, None]) == (None, None)
+    # B drew high on the choosing rounds and not on the comparing ones: the served A holds against B's comparing
+    # figure; judged on the rounds that chose B, A would read as 4 % behind
+    split = table_check.judge("s", A, {A: 100.0, B: 99.5}, chosen_on={A: 99.0, B: 103.0})
+    assert split.best == B and split.holds
+    assert not table_check.judge("s", A, {A: 99.0, B: 103.0}).holds
+
+
+def test_a_table_of_true_winners_holds_more_often_with_the_choice_made_on_other_rounds():
+    # five finalists of one true speed: every served config is a true winner, and the check should say so
+    keys = [fd.near_default(n) for n in range(5)]
+    item = table_check.ShapeFinalists("s", fd.SHAPE, "NVIDIA H200", "sm_90", keys[0].key,
+                                      tuple((i, c.key, 1.0, 1.0) for i, c in enumerate(keys)))
+    split = same = 0
+    for seed in range(40):
+        gpu = fd.NoisyGPU({c: 100.0 for c in keys}, 0.03, seed)
+        v = table_check.check_shape(item, keys[0].key, fd.Builder(), gpu, rounds=6, log=lambda _: None)
+        split += v.holds
+        pooled = {c.key: statistics.median(o.tflops for o in gpu_rounds(gpu, c)) for c in keys}
+        same += table_check.judge("s", keys[0].key, pooled).holds
+    assert split >= same + 8, (split, same)
+
+
+def gpu_rounds(gpu, config):
+    """The figures a NoisyGPU drew for `config`, in order (its draws are reproducible by count)."""
+    import math
+    import random
+
+    n = sum(1 for c in gpu.calls if c == config)
+    out = []
+    for i in range(n):
+        rng = random.Random(f"{gpu.seed}:{config.key}:{i}")
+        out.append(SimpleNamespace(tflops=gpu.truth[config] * math.exp(rng.gauss(0, gpu.sigma))))
+    return out
