@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     evaluator = Evaluator(args.evaluator or DEFAULT_EVALUATOR)
-    verdicts, left = [], []
+    verdicts, left, info = [], [], {}
     try:
         info = evaluator.device_info()
         log(f"table_holds: {len(items)} shape(s) on {info.get('gpu_name')} ({info.get('arch')}), {args.rounds} "
@@ -130,20 +130,33 @@ def main(argv=None) -> int:
             v = table_check.check_shape(item, served[item.study], builder, evaluator, rounds=args.rounds,
                                         band=args.band, log=log)
             verdicts.append(v)
+            write_results(out_dir, verdicts, items[n:], args, info, partial=n < len(items))
             ratio = f"{v.ratio:.3f}" if v.ratio is not None else "-"
             log(f"[{n}/{len(items)}] {v.shape_key}: served {v.served_tflops or 0:.1f}, best {v.best_tflops or 0:.1f} "
                 f"TFLOPS, {ratio}: {'holds' if v.holds else 'does not hold'}")
     finally:
         evaluator.close()
+    log("\n" + write_results(out_dir, verdicts, left, args, info))
+    return 0 if verdicts and all(v.holds for v in verdicts) and not left else 2
+
+
+def write_results(out_dir: Path, verdicts: list, left: list, args, info: dict, partial: bool = False) -> str:
+    """table-holds.md and table-holds.json in out_dir, rewritten after every shape, so a run killed at its time
+    limit still returns the shapes it checked; returns the markdown."""
+    from autotune.search import table_check
+
     table = table_check.markdown(verdicts)
     if left:
-        table += f"\n\nnot checked (--budget-s {args.budget_s:.0f} reached): " + ", ".join(i.shape.key for i in left)
-    log("\n" + table)
-    (out_dir / "table-holds.md").write_text(table + "\n")
-    (out_dir / "table-holds.json").write_text(json.dumps(
-        {"gpu": info.get("gpu_name"), "rounds": args.rounds, "band": args.band, "table": str(args.table),
-         "verdicts": [v.as_json() for v in verdicts], "not_checked": [i.shape.key for i in left]}, indent=1))
-    return 0 if verdicts and all(v.holds for v in verdicts) and not left else 2
+        why = "not reached yet" if partial else f"--budget-s {args.budget_s:.0f} reached"
+        table += f"\n\nnot checked ({why}): " + ", ".join(i.shape.key for i in left)
+    for name, text in (("table-holds.md", table + "\n"), ("table-holds.json", json.dumps(
+            {"gpu": info.get("gpu_name"), "rounds": args.rounds, "band": args.band, "table": str(args.table),
+             "complete": not partial, "verdicts": [v.as_json() for v in verdicts],
+             "not_checked": [i.shape.key for i in left]}, indent=1))):
+        tmp = out_dir / (name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, out_dir / name)
+    return table
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ true speeds (tests/finale_doubles.py)."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 from types import SimpleNamespace
@@ -158,3 +159,30 @@ def gpu_rounds(gpu, config):
         rng = random.Random(f"{gpu.seed}:{config.key}:{i}")
         out.append(SimpleNamespace(tflops=gpu.truth[config] * math.exp(rng.gauss(0, gpu.sigma))))
     return out
+
+
+def test_a_check_killed_mid_run_leaves_the_shapes_it_checked(tmp_path, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("table_holds", ROOT / "benchmarks" / "table_holds.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setenv("AUTOTUNE_DOUBLE_ARCH", "sm_90")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    real = table_check.check_shape
+    calls = []
+
+    def killed_on_the_second(*args, **kwargs):  # what the GPU host's time limit does to a run
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(table_check, "check_shape", killed_on_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        script.main(["--evaluator", "search_doubles:evaluate", "--fake-builder", "--shapes", "b4-h16-n4096-d128-fp16",
+                     "--out-dir", str(tmp_path)])
+    result = json.loads((tmp_path / "table-holds.json").read_text())
+    assert not result["complete"] and [v["shape"] for v in result["verdicts"]] == ["b4-h16-n4096-d128-fp16-causal"]
+    assert result["not_checked"] == ["b4-h16-n4096-d128-fp16-full"]
+    assert "not reached yet" in (tmp_path / "table-holds.md").read_text()
