@@ -44,6 +44,7 @@ class FlashFwdParams(ctypes.Structure):
         ("causal_offset", ctypes.c_int),
         ("o_partial", ctypes.c_void_p),
         ("lse_partial", ctypes.c_void_p),
+        ("seqused_k", ctypes.c_void_p),
     ]
 
 
