@@ -20,8 +20,8 @@ cache's decode, also inside a CUDA graph): the kernel reads each row's used key 
 one query and bottom-right causal for several, which is that mask. GQA caches go in as they are, with no repeat of
 the K/V heads. Everything else runs transformers' own SDPA function with the same arguments,
 exactly what attn_implementation="sdpa" would have run, and is counted and reported once per reason
-(autotune.fallback_counts()): any other explicit mask (padding, sliding windows, chunked prefill, a mask the model made or sliced itself), dropout, softcap, a
-position bias, attention sinks, output_attentions, a head dim or dtype the kernel lacks, CPU tensors, inputs that
+(autotune.fallback_counts()): any other explicit mask (padding, sliding windows, chunked prefill, a mask the model
+made or sliced itself), dropout, softcap, a position bias, attention sinks, output_attentions, a head dim or dtype the kernel lacks, CPU tensors, inputs that
 need a backward. Causal calls with seqlen_q != seqlen_k run the kernel top-left aligned, as transformers' SDPA
 path does (runtime/routing.causal_argument decides the alignment).
 """

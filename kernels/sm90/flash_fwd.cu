@@ -835,8 +835,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
         } else {
             if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
             for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_seq) {
-                consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, 0, num_kv_tiles(p, work_m0, work.batch), 0, ring,
-                        q_seq);
+                consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, 0, num_kv_tiles(p, work_m0, work.batch),
+                        0, ring, q_seq);
             });
         }
     }
