@@ -65,6 +65,9 @@ _stock_mask = ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
 _prefix_masks = WeakIdKeyDictionary()
 
 
+# transformers 5.24 passes these keywords from create_causal_mask (checked); the 5.17 source passes the same ones
+# but disables the is_causal skip for every compileable cache, so a static cache's prefill gets a prefix mask there
+# too (q_offset 0: row i sees keys j <= i), which then runs through seqused_k as well instead of the crop.
 def prefix_mask_call(kwargs) -> bool:
     """Whether sdpa_mask's arguments make its mask a causal prefix of the keys in every batch row and query row
     (row i of the queries sees keys j <= q_offset + i, and nothing else): the plain causal mask function, no 2-d
@@ -81,7 +84,10 @@ def sdpa_mask(*args, **kwargs):
     prefix_mask_call proves a causal prefix is noted for attention_forward (keyword calls only, as
     create_causal_mask makes them)."""
     mask = _stock_mask(*args, **kwargs)
-    if isinstance(mask, torch.Tensor) and not args and mask.dim() == 4 and prefix_mask_call(kwargs):
+    # Not while torch.compile traces: a mask noted in a Python dict there would cost a graph break (such calls
+    # fall back as any explicit mask does).
+    if (isinstance(mask, torch.Tensor) and not args and mask.dim() == 4 and not torch.compiler.is_compiling()
+            and prefix_mask_call(kwargs)):
         _prefix_masks[mask] = None
     return mask
 
@@ -113,7 +119,7 @@ def _route(module, query, key, value, attention_mask, dropout, scaling, is_causa
     (.., .., None, None, reason). Mirrors sdpa_attention_forward's own decisions (is_causal, the static-cache crop)
     so both compute the same."""
     masked = "an explicit attention mask (padding, a window or another pattern)"
-    if attention_mask is not None and attention_mask not in _prefix_masks:
+    if attention_mask is not None and (torch.compiler.is_compiling() or attention_mask not in _prefix_masks):
         return key, value, None, None, masked
     key, value, causal, reason = _route_unmasked(module, query, key, value, attention_mask, dropout, scaling,
                                                  is_causal, kwargs)
