@@ -62,12 +62,6 @@ class Problem:
     def key(self) -> str:
         return f"d{self.head_dim}-{self.dtype}-{'causal' if self.causal else 'full'}{'-seqused' if self.seqused_k else ''}"
 
-    @property
-    def tuned(self) -> "Problem":
-        """The problem whose tuned rows serve this one: a seqused_k build runs the config tuned for the tensors'
-        full seqlen_k (the table has no rows of its own for it)."""
-        return Problem(self.head_dim, self.dtype, self.causal) if self.seqused_k else self
-
     def defines(self) -> dict[str, int]:
         out = {
             "AT_HEAD_DIM": self.head_dim,
