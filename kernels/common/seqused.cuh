@@ -19,9 +19,13 @@ __device__ __forceinline__ int used_seqlen_k(const FlashFwdParams& p, int batch)
 
 // The causal offset for that length: a seqused_k call is bottom-right aligned (the host passes seqlen_k - seqlen_q),
 // so the last query row sees the last used key: shift by what the row does not use.
+//
+// The kernels call both at every place they read p.seqlen_k or p.causal_offset before, rather than keeping one
+// value in a register: forced inline, a build without seqused_k then compiles to its old code exactly (a value held
+// across the loop, or a lambda inlined late, moved loads and changed the SASS of causal and persistent builds).
 template <bool kSeqUsedK>
-__device__ __forceinline__ int used_causal_offset(const FlashFwdParams& p, int seqlen_k) {
-    if constexpr (kSeqUsedK) return p.causal_offset - (p.seqlen_k - seqlen_k);
+__device__ __forceinline__ int used_causal_offset(const FlashFwdParams& p, int batch) {
+    if constexpr (kSeqUsedK) return p.causal_offset - (p.seqlen_k - used_seqlen_k<true>(p, batch));
     return p.causal_offset;
 }
 

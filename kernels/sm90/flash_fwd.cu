@@ -66,17 +66,25 @@ __device__ __forceinline__ int query_rows_per_wg(const FlashFwdParams& p) {
     return kPackGqa ? kRowsPerWG / group_size(p) : kRowsPerWG;
 }
 
+// This batch row's key count and causal offset (kernels/common/seqused.cuh says why they are read at each use).
+__device__ __forceinline__ int keys_of(const FlashFwdParams& p, int batch) {
+    return flash_common::used_seqlen_k<kSeqUsedK>(p, batch);
+}
+__device__ __forceinline__ int causal_offset_of(const FlashFwdParams& p, int batch) {
+    return flash_common::used_causal_offset<kSeqUsedK>(p, batch);
+}
+
 // Query rows [m0, m0 + rows) need key tiles [0, n_tiles): all of them, or under causal masking (row i sees keys
 // j <= i + causal_offset) only those up to the last row that exists. At least one: a block whose rows see no key at
 // all (lower-right alignment with more queries than keys) runs one fully masked tile, which yields O = 0 and
 // lse = -inf exactly as a row with every score masked does. seqused_k builds count the keys batch row `batch` uses
 // (so does a row that uses none: its one tile is all masked, and consume clears its V).
 __device__ __forceinline__ int num_kv_tiles(const FlashFwdParams& p, int m0, int batch) {
-    const int seqlen_k = flash_common::used_seqlen_k<kSeqUsedK>(p, batch);
+    const int seqlen_k = keys_of(p, batch);
     int kv_end = seqlen_k;
     if constexpr (kCausal)
         kv_end = min(kv_end, min(m0 + kConsumerWGs * query_rows_per_wg(p), p.seqlen_q) +
-                                 flash_common::used_causal_offset<kSeqUsedK>(p, seqlen_k));
+                                 causal_offset_of(p, batch));
     return kv_end > 0 ? (kv_end + kBc - 1) / kBc : 1;
 }
 
@@ -494,12 +502,11 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     const int warp = tid / 32, lane = tid % 32;
     const int wg_q0 = m0 + wg * query_rows_per_wg(p);   // first query row of this warpgroup
     const int local_row0 = warp * 16 + lane / 4;        // this thread's rows of the tile: local_row0 and + 8
-    const int seqlen_k = flash_common::used_seqlen_k<kSeqUsedK>(p, batch);  // this batch row's keys
-    const int causal_offset = flash_common::used_causal_offset<kSeqUsedK>(p, seqlen_k);
+    // This batch row's keys and causal offset (kernels/common/seqused.cuh), read at each use.
     // The last key each of the thread's rows may see under causal masking, and that of the warpgroup's first row.
-    const int diag0 = row_of(p, wg_q0, head, local_row0).qrow + causal_offset;
-    const int diag1 = row_of(p, wg_q0, head, local_row0 + 8).qrow + causal_offset;
-    const int wg_diag = wg_q0 + causal_offset;
+    const int diag0 = row_of(p, wg_q0, head, local_row0).qrow + causal_offset_of(p, batch);
+    const int diag1 = row_of(p, wg_q0, head, local_row0 + 8).qrow + causal_offset_of(p, batch);
+    const int wg_diag = wg_q0 + causal_offset_of(p, batch);
     const uint32_t q_slot = q_slot_of(q_seq);
     const uint32_t q_addr = sm.q_slot(q_slot) + wg * kQWGBytes;
     const float scale_log2 = p.scale_log2;
@@ -553,12 +560,12 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             wgmma_wait<0>();
             fence_regs(s);
             release_k(sm, stage);
-            softmax_any(tile_needs_mask(n, wg_diag, seqlen_k), s, m, l, corr, scale_log2, diag0, diag1, n * kBc,
-                        seqlen_k);
+            softmax_any(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
+                        n * kBc, keys_of(p, batch));
             rescale_o(o, corr);
             convert_p(s, pf);
             mbar_wait(sm.v_full(stage), phase);
-            clear_unused_v(p, sm.v_tile(stage), n, seqlen_k, wg);
+            clear_unused_v(p, sm.v_tile(stage), n, keys_of(p, batch), wg);
             fence_regs(o);
             fence_regs(pf);
             wgmma_fence();
@@ -581,8 +588,8 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         wgmma_wait<0>();
         fence_regs(s);
         release_k(sm, stage);
-        softmax_any(tile_needs_mask(n_begin, wg_diag, seqlen_k), s, m, l, corr, scale_log2, diag0, diag1,
-                    n_begin * kBc, seqlen_k);
+        softmax_any(tile_needs_mask(n_begin, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
+                    n_begin * kBc, keys_of(p, batch));
         convert_p(s, pf);
 
         int prev_stage = stage;
@@ -596,7 +603,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             mbar_wait(sm.k_full(stage), phase);
             if constexpr (!kRescaleBefore) {
                 mbar_wait(sm.v_full(prev_stage), prev_phase);
-                clear_unused_v(p, sm.v_tile(prev_stage), n - 1, seqlen_k, wg);
+                clear_unused_v(p, sm.v_tile(prev_stage), n - 1, keys_of(p, batch), wg);
             }
             turns.begin();
             fence_regs(s);
@@ -608,7 +615,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             if constexpr (kRescaleBefore) {
                 rescale_o(o, corr);
                 mbar_wait(sm.v_full(prev_stage), prev_phase);
-                clear_unused_v(p, sm.v_tile(prev_stage), n - 1, seqlen_k, wg);
+                clear_unused_v(p, sm.v_tile(prev_stage), n - 1, keys_of(p, batch), wg);
                 fence_regs(o);
                 wgmma_fence();
             }
@@ -618,8 +625,8 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             wgmma_wait<1>();  // S(n) is ready; P(n-1)·V(n-1) may still run under the softmax
             fence_regs(s);
             release_k(sm, stage);
-            softmax_any(tile_needs_mask(n, wg_diag, seqlen_k), s, m, l, corr, scale_log2, diag0, diag1, n * kBc,
-                        seqlen_k);
+            softmax_any(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
+                        n * kBc, keys_of(p, batch));
             wgmma_wait<0>();
             fence_regs(o);
             fence_regs(pf);
@@ -633,7 +640,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         // Epilogue: the last P·V.
         if constexpr (kRescaleBefore) rescale_o(o, corr);
         mbar_wait(sm.v_full(prev_stage), prev_phase);
-        clear_unused_v(p, sm.v_tile(prev_stage), n_end - 1, seqlen_k, wg);
+        clear_unused_v(p, sm.v_tile(prev_stage), n_end - 1, keys_of(p, batch), wg);
         turns.begin();
         fence_regs(o);
         fence_regs(pf);
