@@ -1,6 +1,6 @@
 """autotune: search the design space of a parameterized CUDA FlashAttention forward kernel.
 
-`autotune.attention(q, k, v, causal=False, scale=None, return_lse=False)` runs the tuned kernel and
+`autotune.attention(q, k, v, causal=False, scale=None, return_lse=False, seqused_k=None)` runs the tuned kernel and
 `autotune.explain(q, k, v, causal=False)` says which config it would use and why (autotune/runtime/attention_op.py).
 In models: `autotune.scaled_dot_product_attention` and `autotune.patch_sdpa()` (runtime/sdpa.py),
 `autotune.capture(path)` (runtime/capture.py), `autotune.set_benchmark_mode()` (runtime/benchmark_mode.py),

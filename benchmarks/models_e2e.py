@@ -18,8 +18,9 @@ Models, built from their configs (transformers' from_config, timm's create_model
         position tensor, which the step advances on the device) captured once in a torch.cuda.CUDAGraph after
         warm-up steps (the first autotune call of a shape builds and looks up its kernel there), replayed --decode
         times, tokens/s from CUDA events around the replays. transformers passes a static cache's decode an
-        explicit mask (the valid prefix of max_cache_len slots), which the kernel cannot take: the autotune path
-        falls back to SDPA on every decode call there, and its fallback column says so;
+        explicit mask (the valid prefix of max_cache_len slots), which the autotune path runs on the kernel with
+        each row's used length read on the device (autotune.attention's seqused_k); its fallback column counts
+        any call that still falls back;
       - CUDA graph, fixed context: one decode step at the prompt's length (DynamicCache, no mask, as eager decode
         runs it) captured and replayed --decode times; every replay recomputes that same step, the work of a real
         step at that length. transformers builds a dense mask whenever a CUDA stream is capturing, even where eager

@@ -44,6 +44,9 @@ class Problem:
     head_dim: int = 128
     dtype: str = "fp16"
     causal: bool = False
+    # Read a per-batch-row used key length from the parameter block (FlashFwdParams.seqused_k) on the device: a
+    # build of its own (-DAT_SEQUSED_K=1), since every other build must stay the code it is without it.
+    seqused_k: bool = False
 
     def __post_init__(self):
         if self.head_dim not in HEAD_DIMS:
@@ -52,17 +55,22 @@ class Problem:
             raise ValueError(f"dtype: expected one of {DTYPES}, got {self.dtype!r}")
         if not isinstance(self.causal, bool):
             raise ValueError(f"causal: expected a bool, got {self.causal!r}")
+        if not isinstance(self.seqused_k, bool):
+            raise ValueError(f"seqused_k: expected a bool, got {self.seqused_k!r}")
 
     @property
     def key(self) -> str:
-        return f"d{self.head_dim}-{self.dtype}-{'causal' if self.causal else 'full'}"
+        return f"d{self.head_dim}-{self.dtype}-{'causal' if self.causal else 'full'}{'-seqused' if self.seqused_k else ''}"
 
     def defines(self) -> dict[str, int]:
-        return {
+        out = {
             "AT_HEAD_DIM": self.head_dim,
             "AT_DTYPE_BF16": int(self.dtype == "bf16"),
             "AT_CAUSAL": int(self.causal),
         }
+        if self.seqused_k:  # absent otherwise: those builds keep their flags, cache keys and code
+            out["AT_SEQUSED_K"] = 1
+        return out
 
 
 @dataclass(frozen=True)

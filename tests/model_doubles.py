@@ -14,10 +14,23 @@ class StandInKernel:
     def __init__(self):
         self.calls: list[dict] = []
 
-    def __call__(self, q, k, v, causal, scale):
+    def __call__(self, q, k, v, causal, scale, seqused_k=None):
         assert q.dim() == 4 and k.shape == v.shape and q.shape[1] % k.shape[1] == 0
-        self.calls.append({"q": tuple(q.shape), "k": tuple(k.shape), "causal": causal, "scale": scale})
-        return torch._C._nn.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+        call = {"q": tuple(q.shape), "k": tuple(k.shape), "causal": causal, "scale": scale}
+        if seqused_k is None:
+            self.calls.append(call)
+            return torch._C._nn.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                                             enable_gqa=True).contiguous()
+        # The kernel's meaning of seqused_k: row b sees keys j < used[b], bottom-right causal aligned to it.
+        assert seqused_k.dtype == torch.int32 and seqused_k.shape == (q.shape[0],) and causal in (False, "lower_right")
+        self.calls.append({**call, "seqused_k": seqused_k.tolist()})
+        i = torch.arange(q.shape[2])[:, None]
+        j = torch.arange(k.shape[2])[None, :]
+        used = seqused_k.clamp(0, k.shape[2]).long()[:, None, None, None]
+        allowed = j < used
+        if causal:
+            allowed = allowed & (j <= i + used - q.shape[2])
+        return torch._C._nn.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=scale,
                                                          enable_gqa=True).contiguous()
 
 

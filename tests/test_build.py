@@ -54,7 +54,7 @@ def test_rebuild_of_a_cached_key_runs_no_nvcc(tmp_path):
 
     meta = json.loads((first.cubin_path.parent / "meta.json").read_text())
     assert meta["config_key"] == DEFAULT.key and meta["arch"] == "sm_90" and meta["ok"] is True
-    assert meta["problem"] == {"head_dim": 64, "dtype": "fp16", "causal": False}
+    assert meta["problem"] == {"head_dim": 64, "dtype": "fp16", "causal": False, "seqused_k": False}
     assert meta["report"]["registers"] == first.report.registers
     assert "Used" in (first.cubin_path.parent / "ptxas.log").read_text()
 
@@ -86,7 +86,7 @@ def test_each_family_hashes_only_the_files_it_compiles_from(tmp_path):
     shutil.copytree(default_kernels_dir(), kernels)
     rel = {p.relative_to(kernels).as_posix() for p in family_sources(kernels, "sm80/flash_fwd.cu")}
     assert rel == {"sm80/flash_fwd.cu", "sm80/ptx.cuh", "sm80/traits.cuh", "common/flash_params.h", "common/pack.cuh",
-                   "common/split_combine.cuh"}
+                   "common/seqused.cuh", "common/split_combine.cuh"}
     assert "sm90/wgmma_ops.cuh" in {p.relative_to(kernels).as_posix()
                                     for p in family_sources(kernels, "sm90/flash_fwd.cu")}
 

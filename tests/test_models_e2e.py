@@ -51,7 +51,7 @@ def replays(replay, batch, n):
     return float(n)
 
 
-def test_a_static_cache_decode_passes_a_mask_and_falls_back_on_every_call(stand_in):
+def test_a_static_cache_decode_passes_a_prefix_mask_that_runs_on_the_kernel_through_seqused_k(stand_in):
     model, cfg = tiny()
     with torch.no_grad():
         step = e2e.DecodeStep(model, cfg, prompt(), static=True, max_cache_len=PROMPT + 8)
@@ -60,11 +60,14 @@ def test_a_static_cache_decode_passes_a_mask_and_falls_back_on_every_call(stand_
             replay()
     layer = step.cache.layers[0]
     assert int(layer.cumulative_length) == PROMPT + e2e.GRAPH_WARMUP + 2  # the position advances in the step
-    # the prompt runs on the kernel (the crop of the empty slots); no decode call does
-    assert [c["q"][2] for c in stand_in.calls] == [PROMPT, PROMPT]
-    reasons = fallback_reasons()
-    assert list(reasons) == ["an explicit attention mask (padding, a window or another pattern)"]
-    assert sum(reasons.values()) == 2 * (e2e.GRAPH_WARMUP + 2)  # 2 layers × every decode step
+    # the prompt runs on the kernel (the crop of the empty slots), and so does every decode step: the whole cache
+    # with each row's used length read on the device
+    assert [c["q"][2] for c in stand_in.calls if "seqused_k" not in c] == [PROMPT, PROMPT]
+    decode = [c for c in stand_in.calls if "seqused_k" in c]
+    assert len(decode) == 2 * (e2e.GRAPH_WARMUP + 2)  # 2 layers × every decode step
+    assert all(c["k"][2] == PROMPT + 8 and c["causal"] is False for c in decode)
+    assert [c["seqused_k"] for c in decode[::2]] == [[PROMPT + 1 + s] * 2 for s in range(e2e.GRAPH_WARMUP + 2)]
+    assert fallback_reasons() == {}
 
 
 def test_a_fixed_context_decode_runs_on_the_kernel_and_holds_what_the_capture_reads(stand_in):

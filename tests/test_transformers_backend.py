@@ -36,7 +36,7 @@ def ids(batch=2, n=12):
 
 def test_importing_the_module_registers_the_backend_and_sdpas_masks():
     assert ALL_ATTENTION_FUNCTIONS["autotune"] is backend.attention_forward
-    assert ALL_MASK_ATTENTION_FUNCTIONS["autotune"] is ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
+    assert ALL_MASK_ATTENTION_FUNCTIONS["autotune"] is backend.sdpa_mask  # SDPA's masks, prefix ones noted
     backend.register()  # idempotent
     assert ALL_ATTENTION_FUNCTIONS["autotune"] is backend.attention_forward
 

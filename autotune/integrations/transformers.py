@@ -5,17 +5,23 @@
     model.generate(input_ids, max_new_tokens=32)         # or model.set_attn_implementation("autotune")
 
 Importing this module registers `attention_forward` under "autotune" in transformers' AttentionInterface, and
-transformers' SDPA mask builder (masking_utils.sdpa_mask) under the same name in its AttentionMaskInterface: the
-model builds exactly the masks it builds for attn_implementation="sdpa" (None where SDPA would rely on is_causal,
-a 4-d mask for padding and other patterns), so the two backends see the same inputs.
+`sdpa_mask` under the same name in its AttentionMaskInterface: it calls transformers' SDPA mask builder
+(masking_utils.sdpa_mask) with the same arguments and returns its mask unchanged, so the model builds exactly the
+masks it builds for attn_implementation="sdpa" (None where SDPA would rely on is_causal, a 4-d mask for padding and
+other patterns) and the two backends see the same inputs. It also notes the masks that its arguments prove to be a
+causal prefix of the keys per batch row (prefix_mask_call): the plain causal mask of a cache with no padding mask,
+which is what a static cache's decode step gets, (B, 1, Nq, max_cache_len), true on keys j <= cache position + i.
 
 A call runs on the tuned kernel (autotune.attention) when SDPA would run it without a mask: prefill (causal,
 seqlen_q == seqlen_k), decode steps (one query, no mask: full attention over the cache), the prefill of a static
-cache (causal, keys cropped to the queries as transformers' SDPA path crops them). GQA caches go in as they are,
-with no repeat of the K/V heads. Everything else runs transformers' own SDPA function with the same arguments,
+cache (causal, keys cropped to the queries as transformers' SDPA path crops them), and a noted prefix mask (a static
+cache's decode, also inside a CUDA graph): the kernel reads each row's used key length on the device
+(autotune.attention's seqused_k, the mask's true count in its last query row, a device reduction), non-causal for
+one query and bottom-right causal for several, which is that mask. GQA caches go in as they are, with no repeat of
+the K/V heads. Everything else runs transformers' own SDPA function with the same arguments,
 exactly what attn_implementation="sdpa" would have run, and is counted and reported once per reason
-(autotune.fallback_counts()): an explicit mask (padding, sliding windows, chunked prefill), dropout, softcap, a
-position bias, attention sinks, output_attentions, a head dim or dtype the kernel lacks, CPU tensors, inputs that
+(autotune.fallback_counts()): any other explicit mask (padding, sliding windows, chunked prefill, a mask the model
+made or sliced itself), dropout, softcap, a position bias, attention sinks, output_attentions, a head dim or dtype the kernel lacks, CPU tensors, inputs that
 need a backward. Causal calls with seqlen_q != seqlen_k run the kernel top-left aligned, as transformers' SDPA
 path does (runtime/routing.causal_argument decides the alignment).
 """
@@ -32,6 +38,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment
                       f"{e}") from None
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
+from transformers import masking_utils
 
 from ..runtime import fallbacks, routing
 
@@ -49,11 +57,83 @@ def _stock():
     return ALL_ATTENTION_FUNCTIONS["sdpa"]
 
 
+# transformers' own SDPA mask builder, as it was when this module was imported (what "sdpa" models get).
+_stock_mask = ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
+# Masks that sdpa_mask built from arguments proving them a causal prefix per batch row -> the int32 (B,) used key
+# lengths, computed on the device at the first attention call that reads them (None until then). Weak: a mask lives
+# for one forward (or as long as a CUDA graph holds it), and so does its entry.
+_prefix_masks = WeakIdKeyDictionary()
+
+
+# transformers 5.24 passes these keywords from create_causal_mask (checked); the 5.17 source passes the same ones
+# but disables the is_causal skip for every compileable cache, so a static cache's prefill gets a prefix mask there
+# too (q_offset 0: row i sees keys j <= i), which then runs through seqused_k as well instead of the crop.
+def prefix_mask_call(kwargs) -> bool:
+    """Whether sdpa_mask's arguments make its mask a causal prefix of the keys in every batch row and query row
+    (row i of the queries sees keys j <= q_offset + i, and nothing else): the plain causal mask function, no 2-d
+    padding mask, keys counted from 0, no local window, no vmap (a custom pattern). Read from the arguments only,
+    never from tensor values, so it holds under a CUDA graph capture without a sync."""
+    return (kwargs.get("mask_function", masking_utils.causal_mask_function) is masking_utils.causal_mask_function
+            and kwargs.get("attention_mask") is None and isinstance(kwargs.get("kv_offset", 0), int)
+            and kwargs.get("kv_offset", 0) == 0 and kwargs.get("local_size") is None and not kwargs.get("use_vmap")
+            and isinstance(kwargs.get("q_length"), int) and isinstance(kwargs.get("kv_length"), int))
+
+
+def sdpa_mask(*args, **kwargs):
+    """transformers' SDPA mask builder, called with these arguments and its result returned as it is; a mask that
+    prefix_mask_call proves a causal prefix is noted for attention_forward (keyword calls only, as
+    create_causal_mask makes them)."""
+    mask = _stock_mask(*args, **kwargs)
+    # Not while torch.compile traces: a mask noted in a Python dict there would cost a graph break (such calls
+    # fall back as any explicit mask does).
+    if (isinstance(mask, torch.Tensor) and not args and mask.dim() == 4 and not torch.compiler.is_compiling()
+            and prefix_mask_call(kwargs)):
+        _prefix_masks[mask] = None
+    return mask
+
+
+def used_lengths(mask: torch.Tensor) -> torch.Tensor:
+    """A noted prefix mask's used key length per batch row, int32 (B,), contiguous: the true count of its last
+    query row (q_offset + Nq, at most the mask's key length), on the mask's device, without a sync. Computed once per
+    mask (every layer of a forward shares it)."""
+    lengths = _prefix_masks.get(mask)
+    if lengths is None:
+        lengths = _prefix_masks[mask] = mask[:, 0, -1, :].sum(-1, dtype=torch.int32).contiguous()
+    return lengths
+
+
+def _mask_route(query, key, attention_mask):
+    """(the kernel's causal argument, seqused_k) for a noted prefix mask that fits this call, else None."""
+    if attention_mask not in _prefix_masks:
+        return None
+    batch, q_len = query.shape[0], query.shape[2]
+    if tuple(attention_mask.shape) != (batch, 1, q_len, key.shape[2]) or attention_mask.device != query.device:
+        return None
+    # sdpa_attention_forward passes is_causal=False with a mask, so the mask is the whole pattern: row i sees keys
+    # j <= q_offset + i = i + used - Nq, i.e. bottom-right aligned to the used length (one query: every used key).
+    return (False if q_len == 1 else routing.LOWER_RIGHT), used_lengths(attention_mask)
+
+
 def _route(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
-    """(key, value, the kernel's causal argument, None) for a call the kernel runs, else (.., .., None, reason).
-    Mirrors sdpa_attention_forward's own decisions (is_causal, the static-cache crop) so both compute the same."""
-    if attention_mask is not None:
-        return key, value, None, "an explicit attention mask (padding, a window or another pattern)"
+    """(key, value, the kernel's causal argument, seqused_k or None, None) for a call the kernel runs, else
+    (.., .., None, None, reason). Mirrors sdpa_attention_forward's own decisions (is_causal, the static-cache crop)
+    so both compute the same."""
+    masked = "an explicit attention mask (padding, a window or another pattern)"
+    if attention_mask is not None and (torch.compiler.is_compiling() or attention_mask not in _prefix_masks):
+        return key, value, None, None, masked
+    key, value, causal, reason = _route_unmasked(module, query, key, value, attention_mask, dropout, scaling,
+                                                 is_causal, kwargs)
+    if attention_mask is None or reason is not None:
+        return key, value, causal, None, reason
+    found = _mask_route(query, key, attention_mask)
+    if found is None:
+        return key, value, None, None, masked
+    return key, value, found[0], found[1], None
+
+
+def _route_unmasked(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs):
+    """_route's checks of everything but the mask's pattern: (key, value, causal, None) or (.., .., None, reason).
+    With a mask, only the tensor checks run here (the mask route decides causal and keeps the keys whole)."""
     if dropout:
         return key, value, None, f"dropout {dropout} (the kernel has no dropout)"
     for name, what in _NOT_FOR_THE_KERNEL.items():
@@ -66,6 +146,9 @@ def _route(module, query, key, value, attention_mask, dropout, scaling, is_causa
         return key, value, None, f"scaling {scaling!r} (the kernel takes a finite float)"
     if torch.jit.is_tracing():
         return key, value, None, "torch.jit tracing"
+    if attention_mask is not None:
+        reason = routing.unsupported(query, key, value)
+        return key, value, None, reason
     q_len = query.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     causal = bool(q_len > 1 and causal)  # sdpa_attention_forward: a single query sees every key
@@ -89,21 +172,27 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       is_causal: bool | None = None, **kwargs):
     """transformers' attention-function interface: query (B, H, Nq, D), key/value (B, Hkv, Nk, D) with the K/V
     heads not repeated; returns (attn_output (B, Nq, H, D) contiguous, None), like sdpa_attention_forward."""
-    k, v, causal, reason = _route(module, query, key, value, attention_mask, dropout, scaling, is_causal, kwargs)
+    k, v, causal, seqused_k, reason = _route(module, query, key, value, attention_mask, dropout, scaling, is_causal,
+                                             kwargs)
     if reason is not None:
         fallbacks.record(WHERE, reason, STOCK)
         return _stock()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                         is_causal=is_causal, **kwargs)
-    out = routing.kernel(query, k, v, causal, None if scaling is None else float(scaling))
+    scale = None if scaling is None else float(scaling)
+    if seqused_k is None:
+        out = routing.kernel(query, k, v, causal, scale)
+    else:
+        out = routing.kernel(query, k, v, causal, scale, seqused_k=seqused_k)
     return out.transpose(1, 2).contiguous(), None
 
 
 def register(name: str = NAME) -> None:
-    """Register attention_forward (and SDPA's mask builder) under `name`; done on import for NAME. Idempotent."""
+    """Register attention_forward (and sdpa_mask, SDPA's mask builder noting prefix masks) under `name`; done on
+    import for NAME. Idempotent."""
     AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    AttentionMaskInterface.register(name, sdpa_mask)
 
 
 register()
 
-__all__ = ["NAME", "STOCK", "WHERE", "attention_forward", "register"]
+__all__ = ["NAME", "STOCK", "WHERE", "attention_forward", "prefix_mask_call", "register", "sdpa_mask", "used_lengths"]

@@ -346,10 +346,13 @@ class KernelRunner:
         return Combine(kernel, (grid, 1, 1), (32 * COMBINE_ROWS_PER_BLOCK, 1, 1),
                        COMBINE_PROGRAMMATIC and kernel.compute_capability()[0] >= 9)
 
-    def prepare(self, q, k, v, o, lse=None, scale: float | None = None, causal_align: str = "upper_left") -> Launch:
+    def prepare(self, q, k, v, o, lse=None, scale: float | None = None, causal_align: str = "upper_left",
+                seqused_k=None) -> Launch:
         """Validate and fill the parameter block once; the returned Launch can be called many times (timing).
-        A split-KV build's partial buffers are allocated here and kept alive by the Launch."""
-        params = make_params(q, k, v, o, lse, scale, problem=self.problem, causal_align=causal_align)
+        A split-KV build's partial buffers are allocated here and kept alive by the Launch. seqused_k: int32
+        (batch,) used key lengths, for a build of a seqused_k problem (params.make_params)."""
+        params = make_params(q, k, v, o, lse, scale, problem=self.problem, causal_align=causal_align,
+                             seqused_k=seqused_k)
         shape = InputShape(params.batch, params.heads, params.kv_heads, params.seqlen_q, params.seqlen_k,
                            self.problem.head_dim, self.problem.dtype)
         extra = tuple(tma.launch_extra_args(self.config, q, k, v))  # () for parameter-block-only families
@@ -359,20 +362,21 @@ class KernelRunner:
         if partials:
             params.o_partial, params.lse_partial = (t.data_ptr() for t in partials)
         return Launch(kernel, params, grid, (self.layout.threads, 1, 1), self.layout.smem_dynamic,
-                      (q, k, v, o, lse, *partials), extra, self.combine(shape, q.device.index))
+                      (q, k, v, o, lse, seqused_k, *partials), extra, self.combine(shape, q.device.index))
 
-    def run(self, q, k, v, o, lse=None, scale: float | None = None, causal_align: str = "upper_left") -> None:
+    def run(self, q, k, v, o, lse=None, scale: float | None = None, causal_align: str = "upper_left",
+            seqused_k=None) -> None:
         """Write attention(q, k, v) into o (and lse), on torch's current stream."""
-        self.prepare(q, k, v, o, lse, scale, causal_align)()
+        self.prepare(q, k, v, o, lse, scale, causal_align, seqused_k)()
 
     def __call__(self, q, k, v, scale: float | None = None, return_lse: bool = False,
-                 causal_align: str = "upper_left"):
+                 causal_align: str = "upper_left", seqused_k=None):
         """Allocate o (contiguous, like q's shape) and lse, launch, return o or (o, lse)."""
         import torch
 
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
-        self.run(q, k, v, o, lse, scale, causal_align)
+        self.run(q, k, v, o, lse, scale, causal_align, seqused_k)
         return (o, lse) if return_lse else o
 
 

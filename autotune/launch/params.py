@@ -44,6 +44,7 @@ class FlashFwdParams(ctypes.Structure):
         ("causal_offset", ctypes.c_int),
         ("o_partial", ctypes.c_void_p),
         ("lse_partial", ctypes.c_void_p),
+        ("seqused_k", ctypes.c_void_p),
     ]
 
 
@@ -163,15 +164,51 @@ def _strides(t) -> tuple[int, int, int]:
     return tuple(t.stride(d) if t.shape[d] > 1 else 0 for d in range(3))
 
 
+def validate_seqused_k(seqused_k, batch: int, device, *, require_cuda: bool = True) -> None:
+    """Check a per-batch-row used key length tensor: int32, shape (batch,), contiguous, on q's device. Its values
+    are not checked (that needs a sync, which a CUDA graph capture forbids): the kernel clamps them to
+    [0, seqlen_k]. ValueError names `seqused_k`."""
+    import torch
+
+    if not isinstance(seqused_k, torch.Tensor):
+        raise _fail("seqused_k", "a torch.Tensor or None", type(seqused_k).__name__)
+    if require_cuda and seqused_k.device.type != "cuda":
+        raise _fail("seqused_k", "a CUDA tensor", f"a tensor on {seqused_k.device}")
+    if seqused_k.device != device:
+        raise _fail("seqused_k", f"a tensor on q's device {device}", f"a tensor on {seqused_k.device}")
+    if seqused_k.dtype != torch.int32:
+        raise _fail("seqused_k", "dtype torch.int32", seqused_k.dtype)
+    if tuple(seqused_k.shape) != (batch,):
+        raise _fail("seqused_k", f"shape (batch,) = ({batch},)", f"shape {tuple(seqused_k.shape)}")
+    if seqused_k.stride(0) != 1 and batch > 1:
+        raise _fail("seqused_k", "a contiguous tensor", f"strides {tuple(seqused_k.stride())}")
+
+
+def check_seqused_causal(causal: bool, causal_align: str) -> None:
+    """A seqused_k call's mask: none, or causal aligned to the end of each row's used keys ("lower_right"); a
+    top-left mask has no meaning the kernel gives it there. ValueError names `causal`."""
+    if causal and causal_align != "lower_right":
+        raise _fail("causal", "False or 'lower_right' with seqused_k (the mask is aligned to each row's used keys)",
+                    "True (top-left aligned)" if causal_align == "upper_left" else repr(causal_align))
+
+
 def make_params(q, k, v, o, lse=None, scale: float | None = None, *, problem: Problem | None = None,
-                require_cuda: bool = True, causal_align: str = "upper_left") -> FlashFwdParams:
+                require_cuda: bool = True, causal_align: str = "upper_left", seqused_k=None) -> FlashFwdParams:
     """Validate the tensors and fill the parameter block. `scale` defaults to 1/sqrt(head_dim). `causal_align`
     (causal builds only): "upper_left" (query i sees keys j <= i, SDPA's is_causal) or "lower_right" (j <= i +
-    seqlen_k - seqlen_q: the last query sees every key, as decode and chunked prefill need).
+    seqlen_k - seqlen_q: the last query sees every key, as decode and chunked prefill need). `seqused_k`: int32
+    (batch,) on q's device, the keys each batch row uses (validate_seqused_k), for builds of a seqused_k problem
+    only; causal builds then need "lower_right", aligned to each row's used length.
 
-    The struct holds raw pointers: the caller keeps q, k, v, o, lse alive until the kernel has run.
+    The struct holds raw pointers: the caller keeps q, k, v, o, lse (and seqused_k) alive until the kernel has run.
     """
     shape = validate_inputs(q, k, v, o, lse, problem=problem, require_cuda=require_cuda)
+    if seqused_k is not None:
+        validate_seqused_k(seqused_k, shape.batch, q.device, require_cuda=require_cuda)
+        if problem is not None and not problem.seqused_k:
+            raise _fail("seqused_k", f"None (the kernel was compiled for {problem.key}, which does not read it)",
+                        "a tensor")
+        check_seqused_causal(problem is None or problem.causal, causal_align)
     if scale is None:
         scale = default_scale(shape.head_dim)
     try:
@@ -192,6 +229,7 @@ def make_params(q, k, v, o, lse=None, scale: float | None = None, *, problem: Pr
     p.seqlen_q, p.seqlen_k = shape.seqlen_q, shape.seqlen_k
     p.scale_log2 = scale * LOG2_E
     p.causal_offset = causal_offset(causal_align, shape.seqlen_q, shape.seqlen_k)
+    p.seqused_k = seqused_k.data_ptr() if seqused_k is not None else None
     return p
 
 

@@ -12,6 +12,12 @@ enable_gqa=True)` for the cases supported:
     causal="lower_right" aligns it bottom-right (query i sees keys j <= i + Nk - Nq: the last query sees every key),
     PyTorch's `causal_lower_right`, which decode with several new tokens and chunked prefill need. The two agree
     when Nq == Nk. A query row that sees no key (lower_right with Nq > Nk) returns zeros and lse = -inf;
+  * seqused_k: an int32 CUDA tensor of shape (batch,) on q's device, the number of keys each batch row uses
+    (FlashAttention's seqused_k / cache_seqlens): row b attends to keys [0, seqused_k[b]) of k and v, and a row
+    that uses none returns zeros and lse = -inf. It is read on the device, never on the host, so a CUDA graph may
+    advance it between replays; values are not checked (that would need a sync) but clamped to [0, seqlen_k] in
+    the kernel. causal must then be False or "lower_right" (aligned to each row's used length). The config is the
+    one looked up for the tensors' seqlen_k, built for seqused_k (a build of its own);
   * forward only (no backward: autograd raises if one is attempted through the op).
 Returns out (B, H, Nq, D), contiguous, in q's dtype; with return_lse also lse (B, H, Nq), fp32, natural log.
 
@@ -37,7 +43,8 @@ from . import lookup as runtime
 from . import benchmark_mode, capture  # models: benchmark mode and shape capture, hooked below
 from ..launch import tma
 from ..launch.loader import split_partials
-from ..launch.params import ALIGN_BYTES, CAUSAL_ALIGNS, FlashFwdParams, InputShape, dtype_name, validate_inputs
+from ..launch.params import (ALIGN_BYTES, CAUSAL_ALIGNS, FlashFwdParams, InputShape, check_seqused_causal, dtype_name,
+                             validate_inputs, validate_seqused_k)
 
 OP_NAME = "autotune::flash_attention_fwd"
 
@@ -123,10 +130,12 @@ def shape_of(inputs: InputShape, causal: bool, causal_align: str = "upper_left")
 class _Launcher:
     """One validated (layout, flags, storage) combination: a warm call only swaps the data pointers."""
 
-    __slots__ = ("plan", "launch", "extra_args", "out_shape", "lse_shape", "dtype", "device", "inputs")
+    __slots__ = ("plan", "launch", "extra_args", "out_shape", "lse_shape", "dtype", "device", "inputs", "seqused")
 
-    def __init__(self, plan: runtime.Plan, launch, out_shape, lse_shape, dtype, device, inputs: InputShape):
+    def __init__(self, plan: runtime.Plan, launch, out_shape, lse_shape, dtype, device, inputs: InputShape,
+                 seqused: bool = False):
         self.plan, self.launch = plan, launch
+        self.seqused = seqused  # every call passes a seqused_k tensor (checked against the memo key's metadata)
         # Families that take more than the parameter block (the wgmma family's TMA descriptors) get those
         # arguments encoded anew for each call's tensors, since they embed the addresses.
         self.extra_args = _extra_args_function() if launch.extra_args else None
@@ -134,7 +143,7 @@ class _Launcher:
         self.dtype, self.device = dtype, device
         self.inputs = inputs
 
-    def __call__(self, q, k, v):
+    def __call__(self, q, k, v, seqused_k=None):
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         if (qp | kp | vp) % ALIGN_BYTES:
             check_inputs(q, k, v)  # raises, naming the argument
@@ -145,6 +154,8 @@ class _Launcher:
         p.q, p.k, p.v, p.o = qp, kp, vp, o.data_ptr()
         if lse is not None:
             p.lse = lse.data_ptr()
+        if seqused_k is not None:
+            p.seqused_k = seqused_k.data_ptr()
         extra = self.extra_args(self.plan.runner.config, q, k, v) if self.extra_args else ()
         if launch.combine is not None:  # split-KV: fresh partials per call (safe across streams and CUDA graphs)
             partials = split_partials(self.plan.runner.layout.kv_splits, self.inputs, self.device)
@@ -163,33 +174,54 @@ def _extra_args_function():
 _launchers: dict[tuple, _Launcher] = {}
 
 
-def _memo_key(q, k, v, causal, scale, return_lse, url) -> tuple:
+def _seqused_key(seqused_k) -> tuple | None:
+    """What the memo key holds of a seqused_k tensor: its metadata (the values live on the device)."""
+    if seqused_k is None:
+        return None
+    return (seqused_k.dtype, seqused_k.shape, seqused_k.stride(), seqused_k.device)
+
+
+def _memo_key(q, k, v, causal, scale, return_lse, url, seqused_k=None) -> tuple:
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-            q.device, k.device, v.device, causal, scale, return_lse, url)
+            q.device, k.device, v.device, causal, scale, return_lse, url, _seqused_key(seqused_k))
 
 
-def _new_launcher(q, k, v, causal, scale, return_lse: bool, url: str) -> _Launcher:
+def check_seqused(q, causal, seqused_k, *, require_cuda: bool = True) -> None:
+    """attention's seqused_k argument against q and causal (ValueError naming the argument); None passes."""
+    if seqused_k is None:
+        return
+    validate_seqused_k(seqused_k, q.shape[0] if q.dim() else 0, q.device, require_cuda=require_cuda)
+    check_seqused_causal(*causal_mode(causal))
+
+
+def _new_launcher(q, k, v, causal, scale, return_lse: bool, url: str, seqused_k=None) -> _Launcher:
     masked, align = causal_mode(causal)
     inputs = check_inputs(q, k, v)
-    plan = runtime.resolve(q.device.index, shape_of(inputs, masked, align), url)
-    if benchmark_mode.settings.enabled:  # models: an untuned shape times a few built configs first
+    check_seqused(q, causal, seqused_k)
+    seqused = seqused_k is not None
+    shape = shape_of(inputs, masked, align)
+    plan = runtime.resolve(q.device.index, shape, url, seqused_k=True) if seqused else \
+        runtime.resolve(q.device.index, shape, url)
+    if benchmark_mode.settings.enabled and not seqused:  # models: an untuned shape times a few built configs first
         plan = benchmark_mode.plan(plan, q, k, v, scale, url, align)  # timed with the call's own mask
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
-    launch = plan.runner.prepare(q, k, v, o, lse, scale, align)  # the loader's own full validation, once
+    # the loader's own full validation, once
+    launch = plan.runner.prepare(q, k, v, o, lse, scale, align, *(() if seqused_k is None else (seqused_k,)))
     return _Launcher(plan, launch, tuple(q.shape), tuple(q.shape[:3]) if return_lse else None, q.dtype, q.device,
-                     inputs)
+                     inputs, seqused)
 
 
-def forward(q, k, v, causal, scale: Optional[float], return_lse: bool):
+def forward(q, k, v, causal, scale: Optional[float], return_lse: bool, seqused_k=None):
     """Run the kernel: (out, lse or None). No dispatcher, no flag checks: callers check flags first.
-    `causal`: False, True, "upper_left" or "lower_right" (causal_mode)."""
+    `causal`: False, True, "upper_left" or "lower_right" (causal_mode). `seqused_k`: None or the int32 (batch,)
+    CUDA tensor of used key lengths (checked once per memo key: only its metadata, never its values)."""
     url = runtime.storage_key()  # an env read when warm; an env change takes effect
-    key = _memo_key(q, k, v, causal, scale, return_lse, url)
+    key = _memo_key(q, k, v, causal, scale, return_lse, url, seqused_k)
     launcher = _launchers.get(key)
     if launcher is None:
-        launcher = _launchers[key] = _new_launcher(q, k, v, causal, scale, return_lse, url)
-    out = launcher(q, k, v)
+        launcher = _launchers[key] = _new_launcher(q, k, v, causal, scale, return_lse, url, seqused_k)
+    out = launcher(q, k, v) if seqused_k is None else launcher(q, k, v, seqused_k)
     if capture.recording:  # models: count this call's shape bucket into the capture file
         capture.record(q, k, causal)
     return out
@@ -206,20 +238,22 @@ def clear_caches() -> None:
 
 @torch.library.custom_op(OP_NAME, mutates_args=())
 def flash_attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: Optional[float],
-                        return_lse: bool, causal_align: str = "upper_left") -> tuple[torch.Tensor, torch.Tensor]:
+                        return_lse: bool, causal_align: str = "upper_left",
+                        seqused_k: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse); lse is an empty fp32 tensor when return_lse is False (an op cannot return None).
-    causal_align: "upper_left" or "lower_right" (only read when causal)."""
+    causal_align: "upper_left" or "lower_right" (only read when causal). seqused_k: as attention's."""
     scale = check_flags(causal, scale, return_lse)
     _check_align(causal_align)
-    out, lse = forward(q, k, v, causal_align if causal else False, scale, return_lse)
+    out, lse = forward(q, k, v, causal_align if causal else False, scale, return_lse, seqused_k)
     return out, (lse if lse is not None else torch.empty(0, dtype=torch.float32, device=q.device))
 
 
 @flash_attention_fwd.register_fake
-def _flash_attention_fwd_fake(q, k, v, causal, scale, return_lse, causal_align="upper_left"):
+def _flash_attention_fwd_fake(q, k, v, causal, scale, return_lse, causal_align="upper_left", seqused_k=None):
     check_flags(causal, scale, return_lse)
     _check_align(causal_align)
     check_meta(q, k, v)
+    check_seqused(q, causal_align if causal else False, seqused_k)
     out = q.new_empty(q.shape)  # contiguous, like the real output
     lse = q.new_empty(q.shape[:3] if return_lse else (0,), dtype=torch.float32)
     return out, lse
@@ -252,18 +286,27 @@ def _check_align(causal_align) -> None:
         raise ValueError(f"causal_align: expected one of {CAUSAL_ALIGNS}, got {causal_align!r}")
 
 
-def attention(q, k, v, causal: bool | str = False, scale: Optional[float] = None, return_lse: bool = False):
+def attention(q, k, v, causal: bool | str = False, scale: Optional[float] = None, return_lse: bool = False,
+              seqused_k: Optional[torch.Tensor] = None):
     """Attention with the fastest known config for this GPU and shape; see the module docstring.
-    causal: False, True (= "upper_left", SDPA's is_causal) or "lower_right" (the last query sees every key)."""
+    causal: False, True (= "upper_left", SDPA's is_causal) or "lower_right" (the last query sees every key).
+    seqused_k: None, or int32 (batch,) on q's device: the keys each batch row uses, read on the device (clamped
+    to [0, seqlen_k] there), with causal False or "lower_right"."""
     scale = check_flags(causal, scale, return_lse)
     masked, align = causal_mode(causal)
-    if _direct(q, k, v):
-        out, lse = forward(q, k, v, causal, scale, return_lse)
+    if seqused_k is not None:
+        if not isinstance(seqused_k, torch.Tensor):  # before the dispatcher, whose schema error names no argument
+            raise ValueError(f"seqused_k: expected a torch.Tensor or None, got {type(seqused_k).__name__}")
+        check_seqused_causal(masked, align)
+    if _direct(q, k, v) and (seqused_k is None or type(seqused_k) is torch.Tensor):
+        out, lse = forward(q, k, v, causal, scale, return_lse, seqused_k)
     else:
         for name, t in (("q", q), ("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor):  # before the dispatcher, whose schema error names no argument
                 raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        out, lse = flash_attention_fwd(q, k, v, masked, scale, return_lse, align)
+        # (seqused_k only when given: the op's traced calls stay what they were without it)
+        out, lse = flash_attention_fwd(q, k, v, masked, scale, return_lse, align,
+                                       *(() if seqused_k is None else (seqused_k,)))
     return (out, lse) if return_lse else out
 
 
@@ -286,5 +329,6 @@ def explain(q, k, v, causal: bool | str = False, *, storage: str | None = None, 
     return selection.explain()
 
 
-__all__ = ["CAUSAL_VALUES", "OP_NAME", "attention", "causal_mode", "check_flags", "check_inputs", "check_meta", "clear_caches", "explain",
+__all__ = ["CAUSAL_VALUES", "OP_NAME", "attention", "causal_mode", "check_flags", "check_inputs", "check_meta",
+           "check_seqused", "clear_caches", "explain",
            "flash_attention_fwd", "forward"]

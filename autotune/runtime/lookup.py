@@ -39,6 +39,7 @@ This module imports no torch at import time; only `resolve()` (which loads kerne
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -482,26 +483,30 @@ class Plan:
     kernel: Any  # loader.Kernel, loaded on the device
 
 
-def resolve(device: int, shape: Shape, storage: str | None = None) -> Plan:
+def resolve(device: int, shape: Shape, storage: str | None = None, seqused_k: bool = False) -> Plan:
     """select_config for the device's GPU, then build (or find in the cache) and load the kernel. Memoized by
-    (device index, shape, storage URL). A tuned config that fails to build falls back to the heuristic default
-    with a warning; if the default fails too, RuntimeError."""
+    (device index, shape, storage URL, seqused_k). A tuned config that fails to build falls back to the heuristic
+    default with a warning; if the default fails too, RuntimeError. seqused_k: build the selected config for the
+    shape's problem with seqused_k (the config is the one tuned for the tensors' seqlen_k)."""
     url = storage_key(storage)
-    key = (device, shape, url)
+    key = (device, shape, url, seqused_k)
     plan = _plans.get(key)
     if plan is not None:
         return plan
     with _lock:
         gpu_name, arch = device_info(device)
         selection = select_config(shape, gpu_name, arch, url)
-        result = build(selection.config, shape.problem, arch, getattr(selection.row, "cubin_hash", None))
+        problem = dataclasses.replace(shape.problem, seqused_k=True) if seqused_k else shape.problem
+        # A tuned row's cubin hash is that of its own build, not of the seqused_k one.
+        trusted = None if seqused_k else getattr(selection.row, "cubin_hash", None)
+        result = build(selection.config, problem, arch, trusted)
         if not result.ok and selection.source != "heuristic":
             note = f"{selection.source} config {selection.config.key} failed to build: {result.error}"
             warnings.warn(f"autotune: {note}; using the default", InvalidRowWarning, stacklevel=3)
             selection = heuristic(shape, gpu_name, arch, selection.notes + (note,), selection.searched)
-            result = build(selection.config, shape.problem, arch)
+            result = build(selection.config, problem, arch)
         if not result.ok:
-            raise RuntimeError(f"autotune: the default kernel {selection.config.key} for {shape.problem.key} on "
+            raise RuntimeError(f"autotune: the default kernel {selection.config.key} for {problem.key} on "
                                f"{arch.name} failed to build: {result.error}")
         from ..launch.loader import KernelRunner  # the device path: libcuda, loaded on first launch
 

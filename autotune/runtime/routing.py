@@ -77,11 +77,12 @@ def unsupported(q, k, v) -> Optional[str]:
     return None
 
 
-def kernel(q, k, v, causal, scale):
-    """The tuned kernel, as routed calls run it: autotune.attention (out (B, H, Nq, D), contiguous)."""
+def kernel(q, k, v, causal, scale, seqused_k=None):
+    """The tuned kernel, as routed calls run it: autotune.attention (out (B, H, Nq, D), contiguous); seqused_k:
+    int32 (B,) used key lengths on the device (the transformers backend's prefix masks)."""
     from .attention_op import attention
 
-    return attention(q, k, v, causal=causal, scale=scale)
+    return attention(q, k, v, causal=causal, scale=scale, seqused_k=seqused_k)
 
 
 __all__ = ["KERNEL_DEVICE_TYPES", "LOWER_RIGHT", "UPPER_LEFT", "causal_argument", "causal_reason", "kernel",

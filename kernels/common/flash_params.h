@@ -24,4 +24,11 @@ struct FlashFwdParams {
     // batch, heads, seqlen_q); flash_fwd_combine merges them into o (and lse). Null otherwise.
     float* o_partial;
     float* lse_partial;
+    // Builds with AT_SEQUSED_K (space.Problem(seqused_k=True)): int32 (batch,), the number of keys batch row b uses,
+    // read on the device so that a CUDA graph can advance it between replays (FlashAttention's seqused_k). Keys at
+    // or past it are neither loaded into the softmax nor seen; a value outside [0, seqlen_k] is clamped to it. A
+    // causal mask is then bottom-right aligned to the used length (causal_offset is seqlen_k - seqlen_q, and the
+    // kernel shifts it by seqused_k[b] - seqlen_k). Null, and never read, otherwise. Last, so the offsets above
+    // are those of the block without it.
+    const int* seqused_k;
 };

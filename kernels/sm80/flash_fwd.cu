@@ -2,6 +2,7 @@
 // O = softmax(scale · Q Kᵀ) V with an online softmax over K/V tiles; optional fp32 logsumexp.
 // Every design choice is a macro interpreted in traits.cuh; this file only reads the derived constants.
 #include "../common/flash_params.h"
+#include "../common/seqused.cuh"
 #include "../common/split_combine.cuh"
 #include "ptx.cuh"
 #include "traits.cuh"
@@ -59,18 +60,26 @@ __device__ __forceinline__ void load_tile(uint32_t smem_base, const uint16_t* gb
     }
 }
 
+// This batch row's key count and causal offset (kernels/common/seqused.cuh says why they are read at each use).
+__device__ __forceinline__ int keys_of(const FlashFwdParams& p, int batch) {
+    return flash_common::used_seqlen_k<kSeqUsedK>(p, batch);
+}
+__device__ __forceinline__ int causal_offset_of(const FlashFwdParams& p, int batch) {
+    return flash_common::used_causal_offset<kSeqUsedK>(p, batch);
+}
+
 // K/V items alternate K0, V0, K1, V1, ... of this CTA's key tiles, which start at tile `tile0` (0 unless the key
 // range is split); item i lives in ring slot i % kKvSlots, so one slot means K and V share a buffer, two mean
 // separate K and V buffers, four mean both double-buffered.
 template <int kN>
 __device__ __forceinline__ void load_kv_item(uint32_t kv_base, const uint16_t* k_g, const uint16_t* v_g,
-                                             const FlashFwdParams& p, int tile0, int item, int tid) {
+                                             const FlashFwdParams& p, int batch, int tile0, int item, int tid) {
     const bool is_v = item & 1;
     // Unsplit builds keep the expression they always had, to the letter: the d128 defaults sit at ptxas' 255-register
     // cap, and the same sum written with tile0 = 0 made sm_100's and sm_103's spill.
     const int row0 = kSplit ? (tile0 + (item >> 1)) * kBc : (item >> 1) * kBc;
     load_tile<kBc, kKVStride, kN>(kv_base + (item % kKvSlots) * kKVSlotBytes, is_v ? v_g : k_g,
-                                  is_v ? p.v_row_stride : p.k_row_stride, row0, p.seqlen_k, tid);
+                                  is_v ? p.v_row_stride : p.k_row_stride, row0, keys_of(p, batch), tid);
 }
 
 // The row max and row sum of a tile: one dependent chain (fewest live registers), or a pairwise tree
@@ -142,12 +151,15 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
     const uint16_t* v_g = static_cast<const uint16_t*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
     uint16_t* o_g = static_cast<uint16_t*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
 
-    int n_tiles = (p.seqlen_k + kBc - 1) / kBc;
+    // This batch row's key length (seqused_k builds: its used length; the rows past it are zero-filled by load_tile
+    // and masked like the tail past seqlen_k, and a row using none walks no tile: O = 0, lse = -inf).
+    // This batch row's keys and causal offset (kernels/common/seqused.cuh), read at each use.
+    int n_tiles = (keys_of(p, batch) + kBc - 1) / kBc;
     if constexpr (kCausal) {
         // Query row i sees keys j <= i + causal_offset (0: top-left, seqlen_k - seqlen_q: bottom-right), so tiles
         // past the block's last row are skipped. A block that sees no key at all (bottom-right with more queries
         // than keys) runs one fully masked tile: O = 0 and lse = -inf, as for any row with every score masked.
-        const int last_key = min(q_start + kBr, p.seqlen_q) - 1 + p.causal_offset;
+        const int last_key = min(q_start + kBr, p.seqlen_q) - 1 + causal_offset_of(p, batch);
         n_tiles = last_key < 0 ? 1 : min(n_tiles, last_key / kBc + 1);
     }
     // This CTA's share of the key tiles: split s of kSplits takes ceil(n_tiles / kSplits) of them, from tile0. A
@@ -180,7 +192,7 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
             for (int item = 0; item < n_items; ++item) {
                 const int slot = item % kKvSlots;
                 if (item >= kKvSlots) named_barrier_sync(kBarEmpty + slot, kThreads);
-                load_kv_item<kLoaderThreads>(kv_base, k_g, v_g, p, tile0, item, ltid);
+                load_kv_item<kLoaderThreads>(kv_base, k_g, v_g, p, batch, tile0, item, ltid);
                 cp_async_commit();
                 cp_async_wait<0>();
                 named_barrier_arrive(kBarFull + slot, kThreads);
@@ -191,7 +203,7 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
         // Prologue: one commit group per ring slot (empty groups keep the wait counts uniform).
 #pragma unroll
         for (int i = 0; i < kKvSlots; ++i) {
-            if (i < n_items) load_kv_item<kThreads>(kv_base, k_g, v_g, p, tile0, i, tid);
+            if (i < n_items) load_kv_item<kThreads>(kv_base, k_g, v_g, p, batch, tile0, i, tid);
             cp_async_commit();
         }
         cp_async_wait<kKvSlots>();  // the Q group is done
@@ -216,14 +228,15 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
             if (item + kKvSlots < n_items) named_barrier_arrive(kBarEmpty + item % kKvSlots, kThreads);
         } else if constexpr (kKvSlots == 1) {
             __syncthreads();
-            if (item + 1 < n_items) load_kv_item<kThreads>(kv_base, k_g, v_g, p, tile0, item + 1, tid);
+            if (item + 1 < n_items) load_kv_item<kThreads>(kv_base, k_g, v_g, p, batch, tile0, item + 1, tid);
             cp_async_commit();
         } else if (item + 1 < n_items) {
             // One barrier does two jobs: every thread is done with `item` (its slot may be refilled) and
             // item + 1, already in flight, is visible to all. Groups committed after item + 1: kKvSlots - 2.
             cp_async_wait<kKvSlots - 2>();
             __syncthreads();
-            if (item + kKvSlots < n_items) load_kv_item<kThreads>(kv_base, k_g, v_g, p, tile0, item + kKvSlots, tid);
+            if (item + kKvSlots < n_items)
+                load_kv_item<kThreads>(kv_base, k_g, v_g, p, batch, tile0, item + kKvSlots, tid);
             cp_async_commit();
         }
     };
@@ -305,8 +318,12 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
         // ---- mask columns past seqlen_k and, for causal, above the diagonal ------------------------------
         const int key_tile = tile0 + tile;  // the tile's place in the whole key range
         const int col0 = key_tile * kBc + warp_n * kColsPerWarp;
-        const bool need_mask = (key_tile + 1) * kBc > p.seqlen_k ||
-                               (kCausal && (key_tile + 1) * kBc - 1 > q_start + p.causal_offset);
+        // Spelled as the fields where seqused_k is off, at each use: the front end then emits exactly the old mask
+        // (through the inlined helpers, or with the values held in locals, the causal builds' code changed).
+#define AT_KEY_END (kSeqUsedK ? keys_of(p, batch) : p.seqlen_k)
+#define AT_DIAG_OFFSET (kSeqUsedK ? causal_offset_of(p, batch) : p.causal_offset)
+        const bool need_mask = (key_tile + 1) * kBc > AT_KEY_END ||
+                               (kCausal && (key_tile + 1) * kBc - 1 > q_start + AT_DIAG_OFFSET);
         if (need_mask) {
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt)
@@ -316,7 +333,9 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
                     for (int e = 0; e < 4; ++e) {
                         const int row = q_start + row_w + mt * 16 + g + (e >> 1) * 8;
                         const int col = col0 + nt * 8 + 2 * t + (e & 1);
-                        if (col >= p.seqlen_k || (kCausal && col > row + p.causal_offset)) s[mt][nt][e] = -INFINITY;
+                        if (col >= AT_KEY_END || (kCausal && col > row + AT_DIAG_OFFSET)) s[mt][nt][e] = -INFINITY;
+#undef AT_KEY_END
+#undef AT_DIAG_OFFSET
                     }
         }
 

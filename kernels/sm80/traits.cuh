@@ -55,11 +55,18 @@
 #define AT_KV_SPLITS 1       // CTAs one block's key range is cut into (grid.z = batch × splits)
 #endif
 
+// Optional (absent from every build but space.Problem(seqused_k=True)'s): a per-batch-row used key length read from
+// FlashFwdParams.seqused_k on the device (kernels/common/seqused.cuh).
+#ifndef AT_SEQUSED_K
+#define AT_SEQUSED_K 0
+#endif
+
 namespace sm80 {
 
 constexpr int kHeadDim = AT_HEAD_DIM;
 constexpr bool kBf16 = AT_DTYPE_BF16 != 0;
 constexpr bool kCausal = AT_CAUSAL != 0;
+constexpr bool kSeqUsedK = AT_SEQUSED_K != 0;
 constexpr int kBr = AT_BR;
 constexpr int kBc = AT_BC;
 constexpr int kWarpsM = AT_WARPS_M;

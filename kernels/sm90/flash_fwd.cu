@@ -25,6 +25,7 @@
 
 #include "../common/flash_params.h"
 #include "../common/pack.cuh"
+#include "../common/seqused.cuh"
 #include "../common/split_combine.cuh"
 #include "ptx.cuh"
 #include "traits.cuh"
@@ -65,14 +66,25 @@ __device__ __forceinline__ int query_rows_per_wg(const FlashFwdParams& p) {
     return kPackGqa ? kRowsPerWG / group_size(p) : kRowsPerWG;
 }
 
+// This batch row's key count and causal offset (kernels/common/seqused.cuh says why they are read at each use).
+__device__ __forceinline__ int keys_of(const FlashFwdParams& p, int batch) {
+    return flash_common::used_seqlen_k<kSeqUsedK>(p, batch);
+}
+__device__ __forceinline__ int causal_offset_of(const FlashFwdParams& p, int batch) {
+    return flash_common::used_causal_offset<kSeqUsedK>(p, batch);
+}
+
 // Query rows [m0, m0 + rows) need key tiles [0, n_tiles): all of them, or under causal masking (row i sees keys
 // j <= i + causal_offset) only those up to the last row that exists. At least one: a block whose rows see no key at
 // all (lower-right alignment with more queries than keys) runs one fully masked tile, which yields O = 0 and
-// lse = -inf exactly as a row with every score masked does.
-__device__ __forceinline__ int num_kv_tiles(const FlashFwdParams& p, int m0) {
-    int kv_end = p.seqlen_k;
+// lse = -inf exactly as a row with every score masked does. seqused_k builds count the keys batch row `batch` uses
+// (so does a row that uses none: its one tile is all masked, and consume clears its V).
+__device__ __forceinline__ int num_kv_tiles(const FlashFwdParams& p, int m0, int batch) {
+    const int seqlen_k = keys_of(p, batch);
+    int kv_end = seqlen_k;
     if constexpr (kCausal)
-        kv_end = min(kv_end, min(m0 + kConsumerWGs * query_rows_per_wg(p), p.seqlen_q) + p.causal_offset);
+        kv_end = min(kv_end, min(m0 + kConsumerWGs * query_rows_per_wg(p), p.seqlen_q) +
+                                 causal_offset_of(p, batch));
     return kv_end > 0 ? (kv_end + kBc - 1) / kBc : 1;
 }
 
@@ -440,6 +452,30 @@ struct Turns {
     }
 };
 
+// seqused_k builds: TMA fills a V tile with whatever the cache holds up to the tensors' seqlen_k, and a row past this
+// batch row's used length meets P = 0 in P·V, where garbage (Inf, NaN: a cache's unwritten slots may hold anything)
+// would still make NaN. So the warpgroup zeroes those rows of V tile n after its V-full wait and before its P·V:
+// generic-proxy stores, a proxy fence (wgmma reads shared memory through the async proxy), the warpgroup's barrier,
+// then the wgmma. Rows at or past seqlen_k are TMA's zero fill already. Each consumer warpgroup clears the rows
+// itself (the same zeros: any order between them is harmless), and its release of the slot comes after, so the next
+// TMA write into it cannot race the stores. A no-op for every other build and tile.
+__device__ __forceinline__ void clear_unused_v(const FlashFwdParams& p, uint32_t v_addr, int n, int seqlen_k, int wg) {
+    if constexpr (kSeqUsedK) {
+        const int r0 = max(seqlen_k - n * kBc, 0);  // first row of the tile past the used length
+        if (r0 >= kBc || n * kBc + r0 >= p.seqlen_k) return;
+        // Row r of each 64-column chunk is 128 contiguous bytes at chunk + r * 128 (the 128-byte swizzle only
+        // permutes the 16-byte units inside a row), so whole rows clear without unswizzling.
+        const int units = (kBc - r0) * (kChunkRowBytes / 16);
+        const uint32_t first = v_addr + r0 * kChunkRowBytes;
+        for (int i = threadIdx.x % 128; i < units * kDChunks; i += 128) {
+            const int c = i / units;
+            st_shared_v4(first + c * kKVChunkBytes + (i - c * units) * 16, make_uint4(0u, 0u, 0u, 0u));
+        }
+        fence_proxy_async_shared();
+        named_bar_sync(kOStoreBarrier0 + wg, 128);
+    }
+}
+
 // Lane 0 of every consumer warp, after the warp's wait for the wgmma that read the slot (K: S = Q·Kᵀ, V: P·V).
 // K goes back as soon as S has completed, not with V after P·V: with two stages and the overlapped loop, a shared
 // release would free slot n-1 only after P(n-1)·V(n-1), i.e. just before S(n+1) needs K(n+1) in that very slot,
@@ -466,10 +502,11 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     const int warp = tid / 32, lane = tid % 32;
     const int wg_q0 = m0 + wg * query_rows_per_wg(p);   // first query row of this warpgroup
     const int local_row0 = warp * 16 + lane / 4;        // this thread's rows of the tile: local_row0 and + 8
+    // This batch row's keys and causal offset (kernels/common/seqused.cuh), read at each use.
     // The last key each of the thread's rows may see under causal masking, and that of the warpgroup's first row.
-    const int diag0 = row_of(p, wg_q0, head, local_row0).qrow + p.causal_offset;
-    const int diag1 = row_of(p, wg_q0, head, local_row0 + 8).qrow + p.causal_offset;
-    const int wg_diag = wg_q0 + p.causal_offset;
+    const int diag0 = row_of(p, wg_q0, head, local_row0).qrow + causal_offset_of(p, batch);
+    const int diag1 = row_of(p, wg_q0, head, local_row0 + 8).qrow + causal_offset_of(p, batch);
+    const int wg_diag = wg_q0 + causal_offset_of(p, batch);
     const uint32_t q_slot = q_slot_of(q_seq);
     const uint32_t q_addr = sm.q_slot(q_slot) + wg * kQWGBytes;
     const float scale_log2 = p.scale_log2;
@@ -523,11 +560,12 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             wgmma_wait<0>();
             fence_regs(s);
             release_k(sm, stage);
-            softmax_any(tile_needs_mask(n, wg_diag, p.seqlen_k), s, m, l, corr, scale_log2, diag0, diag1, n * kBc,
-                        p.seqlen_k);
+            softmax_any(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
+                        n * kBc, keys_of(p, batch));
             rescale_o(o, corr);
             convert_p(s, pf);
             mbar_wait(sm.v_full(stage), phase);
+            clear_unused_v(p, sm.v_tile(stage), n, keys_of(p, batch), wg);
             fence_regs(o);
             fence_regs(pf);
             wgmma_fence();
@@ -550,8 +588,8 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         wgmma_wait<0>();
         fence_regs(s);
         release_k(sm, stage);
-        softmax_any(tile_needs_mask(n_begin, wg_diag, p.seqlen_k), s, m, l, corr, scale_log2, diag0, diag1,
-                    n_begin * kBc, p.seqlen_k);
+        softmax_any(tile_needs_mask(n_begin, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
+                    n_begin * kBc, keys_of(p, batch));
         convert_p(s, pf);
 
         int prev_stage = stage;
@@ -563,7 +601,10 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         // Both apply every factor once; with P(0)·V(0) onto the zero O, the first factor never matters.
         for (int n = n_begin + 1; n < n_end; ++n) {
             mbar_wait(sm.k_full(stage), phase);
-            if constexpr (!kRescaleBefore) mbar_wait(sm.v_full(prev_stage), prev_phase);
+            if constexpr (!kRescaleBefore) {
+                mbar_wait(sm.v_full(prev_stage), prev_phase);
+                clear_unused_v(p, sm.v_tile(prev_stage), n - 1, keys_of(p, batch), wg);
+            }
             turns.begin();
             fence_regs(s);
             fence_regs(o);
@@ -574,6 +615,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             if constexpr (kRescaleBefore) {
                 rescale_o(o, corr);
                 mbar_wait(sm.v_full(prev_stage), prev_phase);
+                clear_unused_v(p, sm.v_tile(prev_stage), n - 1, keys_of(p, batch), wg);
                 fence_regs(o);
                 wgmma_fence();
             }
@@ -583,8 +625,8 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             wgmma_wait<1>();  // S(n) is ready; P(n-1)·V(n-1) may still run under the softmax
             fence_regs(s);
             release_k(sm, stage);
-            softmax_any(tile_needs_mask(n, wg_diag, p.seqlen_k), s, m, l, corr, scale_log2, diag0, diag1, n * kBc,
-                        p.seqlen_k);
+            softmax_any(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
+                        n * kBc, keys_of(p, batch));
             wgmma_wait<0>();
             fence_regs(o);
             fence_regs(pf);
@@ -598,6 +640,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         // Epilogue: the last P·V.
         if constexpr (kRescaleBefore) rescale_o(o, corr);
         mbar_wait(sm.v_full(prev_stage), prev_phase);
+        clear_unused_v(p, sm.v_tile(prev_stage), n_end - 1, keys_of(p, batch), wg);
         turns.begin();
         fence_regs(o);
         fence_regs(pf);
@@ -736,7 +779,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     const int split = kSplit ? static_cast<int>(blockIdx.z) % kSplits : 0;
     const int m0 = tile.m_block * kConsumerWGs * query_rows_per_wg(p);
     const int kv_head = tile.head / (p.heads / p.kv_heads);
-    const int n_tiles = num_kv_tiles(p, m0);
+    const int n_tiles = num_kv_tiles(p, m0, tile.batch);
     // This CTA's share of the key tiles: split s of kSplits takes ceil(n_tiles / kSplits) of them. A split left with
     // none (fewer tiles than splits, or a short causal block) writes lse = -inf for its rows, which flash_fwd_combine
     // weighs 0 without reading its O, and exits before any barrier exists.
@@ -794,13 +837,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
             if (threadIdx.x == 0)
                 for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_seq) {
                     produce(p, sm, &tm_q, &tm_k, &tm_v, work_m0, work.head, work.head / (p.heads / p.kv_heads),
-                            work.batch, 0, num_kv_tiles(p, work_m0), ring, q_seq);
+                            work.batch, 0, num_kv_tiles(p, work_m0, work.batch), ring, q_seq);
                 });
         } else {
             if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
             for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_seq) {
-                consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, 0, num_kv_tiles(p, work_m0), 0, ring,
-                        q_seq);
+                consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, 0, num_kv_tiles(p, work_m0, work.batch),
+                        0, ring, q_seq);
             });
         }
     }

@@ -13,12 +13,19 @@
 #error "wgmma family: build through space.defines(config, problem); AT_KV_SPLITS or AT_PACK_GQA is missing"
 #endif
 
+// Optional (absent from every build but space.Problem(seqused_k=True)'s): a per-batch-row used key length read from
+// FlashFwdParams.seqused_k on the device (kernels/common/seqused.cuh).
+#ifndef AT_SEQUSED_K
+#define AT_SEQUSED_K 0
+#endif
+
 namespace sm90 {
 
 // ---- problem ----------------------------------------------------------------------------------------------------
 constexpr int kHeadDim = AT_HEAD_DIM;
 constexpr bool kBf16 = AT_DTYPE_BF16 != 0;
 constexpr bool kCausal = AT_CAUSAL != 0;
+constexpr bool kSeqUsedK = AT_SEQUSED_K != 0;
 
 // ---- axes -------------------------------------------------------------------------------------------------------
 constexpr int kConsumerWGs = AT_CONSUMER_WGS;  // warpgroups running wgmma; each owns 64 query rows
