@@ -51,13 +51,31 @@ def replays(replay, batch, n):
     return float(n)
 
 
-def test_a_static_cache_decode_passes_a_prefix_mask_that_runs_on_the_kernel_through_seqused_k(stand_in):
+def static_decode_replayed_twice():
+    """A tiny model's StaticCache decode step (8 free slots), captured by the stand-in graph and replayed twice."""
     model, cfg = tiny()
     with torch.no_grad():
         step = e2e.DecodeStep(model, cfg, prompt(), static=True, max_cache_len=PROMPT + 8)
         replay = eager_graph(step)
         for _ in range(2):
             replay()
+    return step
+
+
+def test_a_static_cache_decode_passes_a_mask_and_falls_back_on_every_call_by_default(stand_in):
+    static_decode_replayed_twice()
+    # the prompt runs on the kernel (the crop of the empty slots); no decode call does until prefix masks are
+    # routed (opt-in, $AUTOTUNE_ROUTE_PREFIX_MASKS, until seqused_k has passed on a GPU)
+    assert [c["q"][2] for c in stand_in.calls] == [PROMPT, PROMPT]
+    reasons = fallback_reasons()
+    assert list(reasons) == ["an explicit attention mask (padding, a window or another pattern)"]
+    assert sum(reasons.values()) == 2 * (e2e.GRAPH_WARMUP + 2)  # 2 layers × every decode step
+
+
+def test_a_static_cache_decode_passes_a_prefix_mask_that_runs_on_the_kernel_through_seqused_k(stand_in,
+                                                                                               monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_ROUTE_PREFIX_MASKS", "1")
+    step = static_decode_replayed_twice()
     layer = step.cache.layers[0]
     assert int(layer.cumulative_length) == PROMPT + e2e.GRAPH_WARMUP + 2  # the position advances in the step
     # the prompt runs on the kernel (the crop of the empty slots), and so does every decode step: the whole cache

@@ -150,6 +150,11 @@ from model_doubles import fallback_reasons, stand_in  # noqa: E402,F401
 from transformers import AutoModelForCausalLM, LlamaConfig, StaticCache  # noqa: E402
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, causal_mask_function  # noqa: E402
 
+@pytest.fixture(autouse=True)
+def prefix_masks_routed(monkeypatch):
+    """These tests check the routing of prefix masks through seqused_k, which is opt-in until it passes on a GPU."""
+    monkeypatch.setenv("AUTOTUNE_ROUTE_PREFIX_MASKS", "1")
+
 
 def tiny_llama(attn="autotune"):
     cfg = LlamaConfig(vocab_size=128, hidden_size=256, intermediate_size=256, num_hidden_layers=2,

@@ -16,6 +16,11 @@ torch = pytest.importorskip("torch")
 import space  # noqa: E402
 from space import Problem, Shape  # noqa: E402
 
+@pytest.fixture(autouse=True)
+def prefix_masks_routed(monkeypatch):
+    """These tests check the routing of prefix masks through seqused_k, which is opt-in until it passes on a GPU."""
+    monkeypatch.setenv("AUTOTUNE_ROUTE_PREFIX_MASKS", "1")
+
 pytestmark = pytest.mark.gpu
 
 HAS_CUDA = torch.cuda.is_available()

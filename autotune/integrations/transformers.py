@@ -15,7 +15,8 @@ which is what a static cache's decode step gets, (B, 1, Nq, max_cache_len), true
 A call runs on the tuned kernel (autotune.attention) when SDPA would run it without a mask: prefill (causal,
 seqlen_q == seqlen_k), decode steps (one query, no mask: full attention over the cache), the prefill of a static
 cache (causal, keys cropped to the queries as transformers' SDPA path crops them), and a noted prefix mask (a static
-cache's decode, also inside a CUDA graph): the kernel reads each row's used key length on the device
+cache's decode, also inside a CUDA graph; opt-in with $AUTOTUNE_ROUTE_PREFIX_MASKS=1 until tests/test_seqused_gpu.py
+has passed on a GPU, else it falls back as any explicit mask does): the kernel reads each row's used key length on the device
 (autotune.attention's seqused_k, the mask's true count in its last query row, a device reduction), non-causal for
 one query and bottom-right causal for several, which is that mask. GQA caches go in as they are, with no repeat of
 the K/V heads. Everything else runs transformers' own SDPA function with the same arguments,
@@ -28,6 +29,7 @@ path does (runtime/routing.causal_argument decides the alignment).
 from __future__ import annotations
 
 import math
+import os
 
 try:
     from transformers import AttentionInterface, AttentionMaskInterface
@@ -79,11 +81,23 @@ def prefix_mask_call(kwargs) -> bool:
             and isinstance(kwargs.get("q_length"), int) and isinstance(kwargs.get("kv_length"), int))
 
 
+ROUTE_PREFIX_MASKS_ENV = "AUTOTUNE_ROUTE_PREFIX_MASKS"
+
+
+def prefix_masks_routed() -> bool:
+    """Whether noted prefix masks run on the kernel (through seqused_k): opt-in ($AUTOTUNE_ROUTE_PREFIX_MASKS=1)
+    until the seqused_k builds have passed their GPU checks (tests/test_seqused_gpu.py); off, such a mask falls
+    back to transformers' SDPA like any explicit mask, as before seqused_k existed."""
+    return os.environ.get(ROUTE_PREFIX_MASKS_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 def sdpa_mask(*args, **kwargs):
     """transformers' SDPA mask builder, called with these arguments and its result returned as it is; a mask that
     prefix_mask_call proves a causal prefix is noted for attention_forward (keyword calls only, as
     create_causal_mask makes them)."""
     mask = _stock_mask(*args, **kwargs)
+    if not prefix_masks_routed():
+        return mask
     # Not while torch.compile traces: a mask noted in a Python dict there would cost a graph break (such calls
     # fall back as any explicit mask does).
     if (isinstance(mask, torch.Tensor) and not args and mask.dim() == 4 and not torch.compiler.is_compiling()
@@ -195,4 +209,5 @@ def register(name: str = NAME) -> None:
 
 register()
 
-__all__ = ["NAME", "STOCK", "WHERE", "attention_forward", "prefix_mask_call", "register", "sdpa_mask", "used_lengths"]
+__all__ = ["NAME", "ROUTE_PREFIX_MASKS_ENV", "STOCK", "WHERE", "attention_forward", "prefix_mask_call",
+           "prefix_masks_routed", "register", "sdpa_mask", "used_lengths"]
