@@ -171,15 +171,22 @@ def install_standins() -> None:
 
     make = params.make_params
     loader.make_params = lambda *a, **kw: make(*a, **{**kw, "require_cuda": False})
-    # tma.encode refuses CPU tensors by their is_cuda; the stand-in tensors say they are
-    tma.encode = _encode_any(tma.encode)
+    # tma refuses CPU tensors by their is_cuda: where the encoders are picked once per prepared launch
+    # (tma.map_encoder, the cold call only), the stand-in tensors say they are CUDA tensors; where every call
+    # encodes through tma.encode, it runs without that one check (a wrapper per call would be timed too)
+    if hasattr(tma, "map_encoder"):
+        pick = tma.map_encoder
+        tma.map_encoder = lambda tensor, *a, **kw: pick(_CudaLooking(tensor), *a, **kw)
+    else:
+        tma.encode = _encode_without_device_check
 
 
-def _encode_any(encode):
-    def wrapped(tensor, box_rows, name="tensor", l2_promotion="256B"):
-        return encode(_CudaLooking(tensor), box_rows, name, l2_promotion)
+def _encode_without_device_check(tensor, box_rows, name="tensor", l2_promotion="256B"):
+    from autotune.launch import tma
 
-    return wrapped
+    encoder = tma._encoder(tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor.element_size(),
+                           box_rows, name, l2_promotion)
+    return encoder(tensor.data_ptr())
 
 
 class _CudaLooking:

@@ -95,6 +95,20 @@ class FakeDriver:
     def CUstream(self, handle):
         return Handle(handle)
 
+    def ctx_get_current(self, pointer):
+        """libcuda's cuCtxGetCurrent as autotune.launch.libcuda binds it: writes through a ctypes byref."""
+        self.calls.append("cuCtxGetCurrent")
+        pointer._obj.value = int(self.current) or None
+        return 0
+
+    def launch_kernel_ex(self, config, f, params, extra):
+        """libcuda's cuLaunchKernelEx: the geometry and stream come in the CUlaunchConfig."""
+        c = config._obj
+        self.launch_kernel(f, c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ,
+                           c.sharedMemBytes, c.hStream or 0, params, extra)
+        self.launches[-1]["programmatic"] = c.numAttrs == 1
+        return 0
+
     def launch_kernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
         """libcuda's cuLaunchKernel as autotune.launch.libcuda binds it: raw handle ints and a ctypes void* array."""
         pointers = params
@@ -117,6 +131,8 @@ def fake(monkeypatch):
     drv = FakeDriver()
     monkeypatch.setattr(loader, "driver", lambda: drv)
     monkeypatch.setattr(loader, "launch_kernel_fn", lambda: drv.launch_kernel)
+    monkeypatch.setattr(loader, "launch_kernel_ex_fn", lambda: drv.launch_kernel_ex)
+    monkeypatch.setattr(loader, "ctx_get_current_fn", lambda: drv.ctx_get_current)
     monkeypatch.setattr(loader, "error_name", lambda code: CUresult(code).name)
     monkeypatch.setattr(loader, "_primary", {})
     monkeypatch.setattr(loader, "_kernels", {})

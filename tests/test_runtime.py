@@ -397,108 +397,7 @@ def test_resolve_falls_back_to_the_default_when_a_tuned_config_fails_to_build(db
     assert runtime.resolve(0, shape(), db) is plan and len(built) == 2  # memoized by (device, shape, storage)
 
 
-# ---- the per-call memo of autotune.runtime.attention_op (the loader's kernel is a stand-in that records launches) ---------------
-
-def test_warm_calls_reuse_the_prepared_launch_and_only_swap_pointers(monkeypatch):
-    from autotune.launch import params as launch_params
-    from autotune.launch import loader
-
-    launches, resolved = [], []
-
-    class FakeKernel:
-        def launch(self, params, grid, block, smem_dynamic=0, stream=None, extra_args=()):
-            launches.append((FlashFwdParams.from_buffer_copy(params), grid, block, smem_dynamic))
-
-    class FakeRunner:
-        extra_args = ()
-
-        def prepare(self, q, k, v, o, lse=None, scale=None, causal_align="upper_left"):
-            self.prepared = getattr(self, "prepared", 0) + 1
-            params = launch_params.make_params(q, k, v, o, lse, scale, require_cuda=False)
-            launch = loader.Launch(kernel=FakeKernel(), params=params, grid=(1, 8, 2), block=(128, 1, 1),
-                                   smem_dynamic=4096, extra_args=self.extra_args, keepalive=(q, k, v, o, lse))
-            return launch
-
-    runners = []
-
-    def fake_resolve(device, shape, url):
-        resolved.append(shape)
-        runners.append(FakeRunner())
-        return runtime.Plan(None, runners[-1], None)
-
-    check = op.check_inputs
-    monkeypatch.setattr(op, "check_inputs", lambda q, k, v, require_cuda=True: check(q, k, v, require_cuda=False))
-    monkeypatch.setattr(runtime, "resolve", fake_resolve)
-
-    first_inputs = qkv(h=8, hkv=2)
-    out1, lse1 = op.forward(*first_inputs, True, 0.25, True)
-    q, k, v = qkv(h=8, hkv=2)  # new tensors, same layout
-    out2, lse2 = op.forward(q, k, v, True, 0.25, True)
-    assert len(resolved) == 1 and resolved[0].kv_heads == 2 and resolved[0].causal
-    assert runners[0].prepared == 1  # the loader's full preparation ran once; the warm call reused it
-    (p1, *geometry1), (p2, *geometry2) = launches
-    assert geometry1 == geometry2 == [(1, 8, 2), (128, 1, 1), 4096]
-    assert (p2.q, p2.k, p2.v, p2.o, p2.lse) == (q.data_ptr(), k.data_ptr(), v.data_ptr(), out2.data_ptr(),
-                                                lse2.data_ptr())
-    assert p1.o == out1.data_ptr() and p1.o != p2.o
-    for name, _ in FlashFwdParams._fields_:
-        if name not in ("q", "k", "v", "o", "lse"):
-            assert getattr(p1, name) == getattr(p2, name), name
-    assert p2.scale_log2 == pytest.approx(0.25 * 1.4426950408889634)
-    assert out2.shape == q.shape and lse2.shape == q.shape[:3] and lse2.dtype == torch.float32
-
-    # same shape and strides but a misaligned address: the warm path still refuses it, by name
-    shifted = torch.zeros(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
-    with pytest.raises(ValueError, match=r"^q: expected a data pointer aligned to 16 bytes"):
-        op.forward(shifted, k, v, True, 0.25, True)
-    assert len(launches) == 2
-
-    # other flags or another layout are other entries; none of them skips the full validation
-    op.forward(q, k, v, True, 0.25, False)
-    op.forward(q.transpose(1, 2).contiguous().transpose(1, 2), k, v, True, 0.25, True)
-    assert len(resolved) == 3 and launches[2][0].lse is None
-    with pytest.raises(ValueError, match=r"^k: expected the same dtype as q"):
-        op.forward(q, k.bfloat16(), v, True, 0.25, True)
-
-
-def test_extra_kernel_arguments_are_encoded_for_each_calls_tensors(monkeypatch):
-    """Extra arguments (the wgmma family's TMA descriptors) embed the tensors' addresses: they are made anew for
-    every call, while the parameter block is still only copied and re-pointed."""
-    from autotune.launch import params as launch_params
-    from autotune.launch import loader
-
-    launched, encoded = [], []
-
-    class FakeKernel:
-        def launch(self, params, grid, block, smem_dynamic=0, stream=None, extra_args=()):
-            launched.append((params.q, params.o, tuple(extra_args)))
-
-    class FakeRunner:
-        config = "a wgmma config"
-        prepared = 0
-
-        def prepare(self, q, k, v, o, lse=None, scale=None, causal_align="upper_left"):
-            FakeRunner.prepared += 1
-            params = launch_params.make_params(q, k, v, o, lse, scale, require_cuda=False)
-            return loader.Launch(kernel=FakeKernel(), params=params, grid=(1, 1, 1), block=(384, 1, 1),
-                                 smem_dynamic=0, extra_args=fake_extra(self.config, q, k, v),
-                                 keepalive=(q, k, v, o, lse))
-
-    def fake_extra(config, q, k, v):
-        encoded.append(config)
-        return (("tm", q.data_ptr()), ("tm", k.data_ptr()), ("tm", v.data_ptr()))
-
-    check = op.check_inputs
-    monkeypatch.setattr(op, "check_inputs", lambda q, k, v, require_cuda=True: check(q, k, v, require_cuda=False))
-    monkeypatch.setattr(runtime, "resolve", lambda device, shape, url: runtime.Plan(None, FakeRunner(), None))
-    monkeypatch.setattr(op, "_extra_args_function", lambda: fake_extra)
-    for _ in range(3):
-        q, k, v = qkv()
-        out, _ = op.forward(q, k, v, False, None, False)
-        assert launched[-1] == (q.data_ptr(), out.data_ptr(),
-                                (("tm", q.data_ptr()), ("tm", k.data_ptr()), ("tm", v.data_ptr())))
-    assert FakeRunner.prepared == 1 and encoded == ["a wgmma config"] * 4  # prepare once, then one per call
-
+# ---- the per-call memo of autotune.runtime.attention_op: tests/test_relaunch.py (a warm call's prepared launch) ----
 
 # ---- input errors -----------------------------------------------------------------------------------------
 
@@ -734,6 +633,7 @@ def test_attention_looks_up_the_calls_alignment(monkeypatch):
     check = op.check_inputs
     monkeypatch.setattr(op, "check_inputs", lambda q, k, v, require_cuda=True: check(q, k, v, require_cuda=False))
     monkeypatch.setattr(runtime, "resolve", fake_resolve)
+    monkeypatch.setattr(op, "Relaunch", lambda launch: launch)  # only the lookup is asked about here
     q, k, v = qkv(h=8, hkv=2, n=4, nk=64)
     for causal_arg in ("lower_right", True, False):
         op._new_launcher(q, k, v, causal_arg, None, False, "sqlite:///x.db")

@@ -54,6 +54,15 @@ def encode_tiled_fn():
     return fn
 
 
+@functools.lru_cache(maxsize=None)
+def ctx_get_current_fn():
+    """CUresult cuCtxGetCurrent(CUcontext* pctx): the context check before every launch, at a ctypes call's cost."""
+    fn = _lib().cuCtxGetCurrent
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    return fn
+
+
 class LaunchAttribute(ctypes.Structure):
     """CUlaunchAttribute: the id (a 4-byte enum) padded to 8 bytes, then the 64-byte value union."""
 

@@ -10,8 +10,10 @@ configs run them in a child process (autotune.measure.child_process).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import importlib
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from typing import Sequence
 import space
 
 from . import tma
-from .libcuda import (LaunchConfig, driver, error_name, launch_kernel_ex_fn, launch_kernel_fn,
+from .libcuda import (LaunchConfig, ctx_get_current_fn, driver, error_name, launch_kernel_ex_fn, launch_kernel_fn,
                       programmatic_serialization)
 from .params import FlashFwdParams, InputShape, make_params
 
@@ -105,12 +107,55 @@ def _address(arg) -> int:
     raise TypeError(f"extra_args: expected ctypes objects or cuda-python structs with getPtr(), got {type(arg).__name__}")
 
 
+@functools.lru_cache(maxsize=None)
+def raw_stream_fn():
+    """device index -> torch's current stream on that device as a raw CUstream int. torch's own accessor of the
+    raw handle where the build has it (what inductor's generated code calls: no Stream object is made), else the
+    same handle through torch.cuda.current_stream."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw
+    return lambda device: torch.cuda.current_stream(device).cuda_stream
+
+
 def _stream_handle(stream, device: int) -> int:
     if stream is None:
-        import torch
-
-        return torch.cuda.current_stream(device).cuda_stream
+        return raw_stream_fn()(device)
     return int(getattr(stream, "cuda_stream", stream))  # a torch.cuda.Stream or a raw handle
+
+
+def _current_context() -> int:
+    """The calling thread's current CUcontext as an int (0 for none), asked of libcuda directly: it is asked
+    before every launch, where cuda-python's conversions cost more than the question."""
+    ctx = ctypes.c_void_p()
+    code = ctx_get_current_fn()(ctypes.byref(ctx))
+    if code:
+        raise CudaError("cuCtxGetCurrent", error_name(code))
+    return ctx.value or 0
+
+
+def _programmatic_config(grid, block, smem_dynamic: int) -> LaunchConfig:
+    """cuLaunchKernelEx's config for a launch with programmatic stream serialization; hStream is set per launch.
+    The attribute it points at is a process-wide constant (libcuda.programmatic_serialization)."""
+    return LaunchConfig(*grid, *block, smem_dynamic, None, ctypes.pointer(programmatic_serialization()), 1)
+
+
+def _enqueue(entry: str, handle: int, grid, block, smem_dynamic: int, stream: int, pointers,
+             config: LaunchConfig | None = None) -> None:
+    """One launch through libcuda: cuLaunchKernelEx with `config` (its hStream set to `stream`) when given, else
+    cuLaunchKernel. CudaError names the entry and the geometry."""
+    if config is not None:
+        config.hStream = stream
+        code = launch_kernel_ex_fn()(ctypes.byref(config), handle, pointers, None)
+    else:
+        gx, gy, gz = grid
+        bx, by, bz = block
+        code = launch_kernel_fn()(handle, gx, gy, gz, bx, by, bz, smem_dynamic, stream, pointers, None)
+    if code:
+        raise CudaError(f"cuLaunchKernel{'Ex' if config is not None else ''}({entry}, grid={tuple(grid)}, "
+                        f"block={tuple(block)}, smem={smem_dynamic})", error_name(code))
 
 
 class Kernel:
@@ -121,12 +166,12 @@ class Kernel:
         self.device, self.entry = device, entry
         self.max_dynamic_smem = 0  # what CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES is set to
         self._handle = int(function)  # the raw CUfunction, for the ctypes launch
+        self._ctx_handle = int(ctx)   # the raw CUcontext, for the check before each launch
         self._resident: dict[tuple[int, int], int] = {}  # (threads, smem_dynamic) -> SMs × CTAs per SM
 
     def _make_current(self) -> None:
-        drv = driver()
-        if int(cu_check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")) != int(self.ctx):
-            cu_check(drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+        if _current_context() != self._ctx_handle:
+            cu_check(driver().cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
 
     def set_max_dynamic_smem(self, nbytes: int) -> None:
         """Opt in to more than 48 KB of dynamic shared memory (the launch fails without it)."""
@@ -186,19 +231,10 @@ class Kernel:
         # kernelParams is a void** whose entries point at each argument's bytes; the driver copies them at launch,
         # so `pointers` and `args` only need to outlive this call.
         pointers = (ctypes.c_void_p * len(args))(*[_address(a) for a in args])
-        gx, gy, gz = grid
-        bx, by, bz = block
         # libcuda directly (autotune/launch/libcuda.py says why): this is the per-call hot path.
-        if programmatic:
-            config = LaunchConfig(gx, gy, gz, bx, by, bz, smem_dynamic, _stream_handle(stream, self.device),
-                                  ctypes.pointer(programmatic_serialization()), 1)
-            code = launch_kernel_ex_fn()(ctypes.byref(config), self._handle, pointers, None)
-        else:
-            code = launch_kernel_fn()(self._handle, gx, gy, gz, bx, by, bz, smem_dynamic,
-                                      _stream_handle(stream, self.device), pointers, None)
-        if code:
-            raise CudaError(f"cuLaunchKernel{'Ex' if programmatic else ''}({self.entry}, grid=({gx},{gy},{gz}), "
-                            f"block=({bx},{by},{bz}), smem={smem_dynamic})", error_name(code))
+        config = _programmatic_config(grid, block, smem_dynamic) if programmatic else None
+        _enqueue(self.entry, self._handle, grid, block, smem_dynamic, _stream_handle(stream, self.device), pointers,
+                 config)
 
 
 _kernels: dict[tuple[str, str, int], Kernel] = {}  # (cubin sha256, entry, device) -> Kernel, for the process
@@ -282,11 +318,104 @@ class Launch:
     keepalive: tuple         # the tensors the params (and tensor maps) point into
     extra_args: tuple = ()   # by-value arguments after the parameter block (the wgmma family's CUtensorMaps)
     combine: Combine | None = None  # split-KV builds: the merge of the partials, right after on the same stream
+    # For Relaunch: the encoder of each extra argument (tma.launch_map_encoders), taking the data pointer of
+    # q, k, v respectively, and a split-KV build's partials as fp32 element counts (o_partial, lse_partial).
+    map_encoders: tuple = ()
+    partial_elems: tuple[int, int] | None = None
+    device: object = None  # the tensors' torch.device, where a Relaunch allocates partials (None: the kernel's)
 
     def __call__(self, stream=None) -> None:
         self.kernel.launch(self.params, self.grid, self.block, self.smem_dynamic, stream, self.extra_args)
         if self.combine is not None:
             self.combine(self.params, stream)
+
+
+class Relaunch:
+    """A Launch made ready to run again and again on other tensors of its geometry (shapes, strides, dtype,
+    device: the caller keys its Relaunches by them, as autotune.runtime's memo does, and has validated them once).
+
+    Built once: the parameter block, the kernelParams array (&params, then the tensor maps), the launch
+    geometry and, for split-KV, the combine's config. Per call: the data pointers are written into the block,
+    a tensor map whose tensor moved is looked up for the new address (tma.TensorMapEncoder: an encode only for
+    an address it has not seen) and pointed at, a split-KV call gets fresh partials (one allocation), torch's
+    current stream is read once for both launches, and the context is checked once. Every pointer is written
+    on every call, so a call captured in a CUDA graph captures its own tensors. The launches copy the block
+    and the maps into the driver before they return, so one block serves every call; a lock keeps two threads'
+    calls from writing it at once.
+    """
+
+    def __init__(self, launch: Launch):
+        import torch
+
+        if len(launch.map_encoders) != len(launch.extra_args):
+            raise ValueError(f"launch: {len(launch.extra_args)} extra arguments but {len(launch.map_encoders)} "
+                             "tensor-map encoders to re-point them (tma.launch_map_encoders)")
+        if len(launch.map_encoders) > 3:
+            raise ValueError(f"launch: at most 3 tensor maps (of q, k, v), got {len(launch.map_encoders)}")
+        self.kernel, self.grid, self.block, self.smem_dynamic = (launch.kernel, launch.grid, launch.block,
+                                                                 launch.smem_dynamic)
+        if self.smem_dynamic > self.kernel.max_dynamic_smem:
+            self.kernel.set_max_dynamic_smem(self.smem_dynamic)
+        self.params = FlashFwdParams.from_buffer_copy(launch.params)
+        self.with_lse = bool(launch.params.lse)
+        self.with_seqused_k = bool(launch.params.seqused_k)
+        self._encoders = launch.map_encoders
+        self._maps = list(launch.extra_args)  # held: an encoder's cache may drop a map the array still points at
+        self._mapped = [None] * len(self._maps)  # the q, k, v addresses the maps hold (None: ask the encoder)
+        self._pointers = (ctypes.c_void_p * (1 + len(self._maps)))(
+            ctypes.addressof(self.params), *[_address(m) for m in self._maps])
+        combine = launch.combine
+        self.combine = combine
+        if combine is not None:
+            self._combine_pointers = (ctypes.c_void_p * 1)(ctypes.addressof(self.params))
+            self._combine_config = _programmatic_config(combine.grid, combine.block, 0) if combine.programmatic \
+                else None
+        if (combine is None) != (launch.partial_elems is None):
+            raise ValueError("launch: a split-KV launch needs its combine and its partials' sizes (partial_elems)")
+        if launch.partial_elems is not None:
+            o_elems, lse_elems = launch.partial_elems
+            self._workspace_elems, self._lse_offset = o_elems + lse_elems, o_elems * 4
+        self._empty, self._fp32 = torch.empty, torch.float32
+        self._device = launch.device if launch.device is not None else torch.device("cuda", self.kernel.device)
+        self._lock = threading.Lock()
+
+    def __call__(self, q: int, k: int, v: int, o: int, lse: int | None = None, seqused_k: int | None = None,
+                 stream=None) -> None:
+        """Launch on tensors at these data pointers (ints); lse and seqused_k exactly when the prepared launch had
+        them. `stream` defaults to torch's current stream on the kernel's device."""
+        if (lse is not None) != self.with_lse or (seqused_k is not None) != self.with_seqused_k:
+            raise ValueError(f"relaunch: lse and seqused_k as prepared (lse {'given' if self.with_lse else 'None'}, "
+                             f"seqused_k {'given' if self.with_seqused_k else 'None'}), got lse {lse!r}, "
+                             f"seqused_k {seqused_k!r}")
+        kernel = self.kernel
+        handle = _stream_handle(stream, kernel.device)
+        with self._lock:
+            p = self.params
+            p.q, p.k, p.v, p.o = q, k, v, o
+            if lse is not None:
+                p.lse = lse
+            if seqused_k is not None:
+                p.seqused_k = seqused_k
+            if self._maps and self._mapped != [q, k, v][:len(self._maps)]:
+                self._point_maps((q, k, v))
+            if self.combine is not None:  # fresh partials per call: safe across streams and CUDA graphs
+                workspace = self._empty(self._workspace_elems, dtype=self._fp32, device=self._device)
+                p.o_partial = base = workspace.data_ptr()
+                p.lse_partial = base + self._lse_offset
+            kernel._make_current()
+            _enqueue(kernel.entry, kernel._handle, self.grid, self.block, self.smem_dynamic, handle, self._pointers)
+            if self.combine is not None:
+                combine = self.combine
+                _enqueue(combine.kernel.entry, combine.kernel._handle, combine.grid, combine.block, 0, handle,
+                         self._combine_pointers, self._combine_config)
+
+    def _point_maps(self, addresses) -> None:
+        for i, encoder in enumerate(self._encoders):
+            address = addresses[i]
+            if self._mapped[i] != address:
+                tmap = encoder(address)  # ValueError naming q, k or v for a misaligned address
+                self._maps[i], self._mapped[i] = tmap, address
+                self._pointers[1 + i] = _address(tmap)
 
 
 class KernelRunner:
@@ -355,14 +484,16 @@ class KernelRunner:
                              seqused_k=seqused_k)
         shape = InputShape(params.batch, params.heads, params.kv_heads, params.seqlen_q, params.seqlen_k,
                            self.problem.head_dim, self.problem.dtype)
-        extra = tuple(tma.launch_extra_args(self.config, q, k, v))  # () for parameter-block-only families
+        encoders = tma.launch_map_encoders(self.config, q, k, v)  # () for parameter-block-only families
+        extra = tuple(encode(t.data_ptr()) for encode, t in zip(encoders, (q, k, v)))
         kernel = self.kernel(q.device.index)
         grid = self.grid(shape, kernel)
         partials = split_partials(self.layout.kv_splits, shape, q.device)
         if partials:
             params.o_partial, params.lse_partial = (t.data_ptr() for t in partials)
         return Launch(kernel, params, grid, (self.layout.threads, 1, 1), self.layout.smem_dynamic,
-                      (q, k, v, o, lse, seqused_k, *partials), extra, self.combine(shape, q.device.index))
+                      (q, k, v, o, lse, seqused_k, *partials), extra, self.combine(shape, q.device.index),
+                      encoders, tuple(t.numel() for t in partials) if partials else None, q.device)
 
     def run(self, q, k, v, o, lse=None, scale: float | None = None, causal_align: str = "upper_left",
             seqused_k=None) -> None:
@@ -389,8 +520,10 @@ def split_partials(kv_splits: int, shape: InputShape, device) -> tuple:
     import torch
 
     rows = (kv_splits, shape.batch, shape.heads, shape.seqlen_q)
-    return (torch.empty(rows + (shape.head_dim,), dtype=torch.float32, device=device),
-            torch.empty(rows, dtype=torch.float32, device=device))
+    o_elems, lse_elems = math.prod(rows) * shape.head_dim, math.prod(rows)
+    # One allocation for both (as Relaunch makes them per call); lse_partial starts at a multiple of 64 floats.
+    workspace = torch.empty(o_elems + lse_elems, dtype=torch.float32, device=device)
+    return workspace[:o_elems].view(rows + (shape.head_dim,)), workspace[o_elems:].view(rows)
 
 
 def attention_with(build, q, k, v, scale: float | None = None, return_lse: bool = False):

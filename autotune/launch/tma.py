@@ -152,13 +152,18 @@ def _encoder(shape: tuple, strides: tuple, dtype, elem_bytes: int, box_rows: int
     return TensorMapEncoder(shape, strides, dtype, elem_bytes, box_rows, name, l2_promotion)
 
 
-def encode(tensor, box_rows: int, name: str = "tensor", l2_promotion: str = "256B") -> TensorMapBuffer:
-    """A CUtensorMap for a (batch, heads, seqlen, head_dim) CUDA tensor view (any strides, last dim contiguous)."""
+def map_encoder(tensor, box_rows: int, name: str = "tensor", l2_promotion: str = "256B") -> TensorMapEncoder:
+    """The encoder of maps for tensors of this one's geometry (shape, strides, dtype) and box: call it with a data
+    pointer. Shared by every caller of the same geometry."""
     if not getattr(tensor, "is_cuda", False):
         raise ValueError(f"{name}: expected a CUDA tensor")
-    encoder = _encoder(tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor.element_size(), box_rows,
-                       name, l2_promotion)
-    return encoder(tensor.data_ptr())
+    return _encoder(tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor.element_size(), box_rows,
+                    name, l2_promotion)
+
+
+def encode(tensor, box_rows: int, name: str = "tensor", l2_promotion: str = "256B") -> TensorMapBuffer:
+    """A CUtensorMap for a (batch, heads, seqlen, head_dim) CUDA tensor view (any strides, last dim contiguous)."""
+    return map_encoder(tensor, box_rows, name, l2_promotion)(tensor.data_ptr())
 
 
 def kv_l2_promotion(seqlen_q: int) -> str:
@@ -167,18 +172,35 @@ def kv_l2_promotion(seqlen_q: int) -> str:
     return "none" if seqlen_q <= DECODE_MAX_QUERIES else "256B"
 
 
+def flash_map_encoders(q, k, v, bc: int) -> tuple[TensorMapEncoder, TensorMapEncoder, TensorMapEncoder]:
+    """The encoders of (tm_q, tm_k, tm_v) for the wgmma family with key tiles of `bc` rows: each takes the data
+    pointer of a tensor of q's, k's, v's geometry respectively."""
+    promotion = kv_l2_promotion(q.shape[2])
+    return (map_encoder(q, Q_BOX_ROWS, "q"), map_encoder(k, bc, "k", promotion),
+            map_encoder(v, bc, "v", promotion))
+
+
 def flash_tensor_maps(q, k, v, bc: int):
     """(tm_q, tm_k, tm_v) for one launch of the wgmma family with key tiles of `bc` rows.
 
     The maps hold the tensors' addresses: encode them again for other tensors (encoding is a cheap host call).
     """
-    promotion = kv_l2_promotion(q.shape[2])
-    return encode(q, Q_BOX_ROWS, "q"), encode(k, bc, "k", promotion), encode(v, bc, "v", promotion)
+    enc_q, enc_k, enc_v = flash_map_encoders(q, k, v, bc)
+    return enc_q(q.data_ptr()), enc_k(k.data_ptr()), enc_v(v.data_ptr())
 
 
 def as_ctypes(tmap) -> ctypes.Array:
     """The map's 128 opaque bytes as a ctypes array, for loaders that want ctypes kernel arguments."""
     return (ctypes.c_uint8 * TENSOR_MAP_BYTES).from_buffer_copy(ctypes.string_at(int(tmap.getPtr()), TENSOR_MAP_BYTES))
+
+
+def launch_map_encoders(config, q, k, v) -> tuple:
+    """The encoders of launch_extra_args(config, q, k, v), in the same order, each taking the data pointer of a
+    tensor of q's, k's, v's geometry: what a prepared launch re-points its maps with for other tensors. () for
+    families without tensor maps."""
+    if config.family != "wgmma":
+        return ()
+    return flash_map_encoders(q, k, v, config.bc)
 
 
 def launch_extra_args(config, q, k, v) -> tuple:

@@ -26,8 +26,9 @@ The op is registered as `autotune::flash_attention_fwd` (torch.library.custom_op
 implementation directly instead of through the dispatcher (the op's own ~8 µs): same code, same results.
 
 Per call, a memo keyed by everything the input checks depend on except the data pointers (shapes, strides,
-dtypes, devices, flags, storage URL) holds the validated launch; a warm call re-checks only pointer alignment,
-allocates the outputs, copies the prepared parameter block with the new pointers and launches. The config
+dtypes, devices, flags, storage URL) holds the validated launch (a loader.Relaunch); a warm call re-checks only
+pointer alignment, allocates the outputs, and the Relaunch writes the new pointers into its parameter block (and
+tensor maps) and launches. The config
 choice comes from autotune.runtime (see its docstring for the lookup order).
 """
 from __future__ import annotations
@@ -41,9 +42,8 @@ from space import HEAD_DIMS, Shape
 
 from . import lookup as runtime
 from . import benchmark_mode, capture  # models: benchmark mode and shape capture, hooked below
-from ..launch import tma
-from ..launch.loader import split_partials
-from ..launch.params import (ALIGN_BYTES, CAUSAL_ALIGNS, FlashFwdParams, InputShape, check_seqused_causal, dtype_name,
+from ..launch.loader import Relaunch
+from ..launch.params import (ALIGN_BYTES, CAUSAL_ALIGNS, InputShape, check_seqused_causal, dtype_name,
                              validate_inputs, validate_seqused_k)
 
 OP_NAME = "autotune::flash_attention_fwd"
@@ -128,17 +128,16 @@ def shape_of(inputs: InputShape, causal: bool, causal_align: str = "upper_left")
 # ---- launching --------------------------------------------------------------------------------------------
 
 class _Launcher:
-    """One validated (layout, flags, storage) combination: a warm call only swaps the data pointers."""
+    """One validated (layout, flags, storage) combination: a warm call allocates the outputs and hands the data
+    pointers to the loader's Relaunch, which holds everything else ready (parameter block, kernelParams array,
+    tensor-map encoders, the combine's launch)."""
 
-    __slots__ = ("plan", "launch", "extra_args", "out_shape", "lse_shape", "dtype", "device", "inputs", "seqused")
+    __slots__ = ("plan", "relaunch", "out_shape", "lse_shape", "dtype", "device", "inputs", "seqused")
 
-    def __init__(self, plan: runtime.Plan, launch, out_shape, lse_shape, dtype, device, inputs: InputShape,
+    def __init__(self, plan: runtime.Plan, relaunch, out_shape, lse_shape, dtype, device, inputs: InputShape,
                  seqused: bool = False):
-        self.plan, self.launch = plan, launch
+        self.plan, self.relaunch = plan, relaunch
         self.seqused = seqused  # every call passes a seqused_k tensor (checked against the memo key's metadata)
-        # Families that take more than the parameter block (the wgmma family's TMA descriptors) get those
-        # arguments encoded anew for each call's tensors, since they embed the addresses.
-        self.extra_args = _extra_args_function() if launch.extra_args else None
         self.out_shape, self.lse_shape = out_shape, lse_shape
         self.dtype, self.device = dtype, device
         self.inputs = inputs
@@ -148,27 +147,13 @@ class _Launcher:
         if (qp | kp | vp) % ALIGN_BYTES:
             check_inputs(q, k, v)  # raises, naming the argument
         o = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
-        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.lse_shape else None
-        launch = self.launch
-        p = FlashFwdParams.from_buffer_copy(launch.params)  # the driver copies it at launch: one per call is safe
-        p.q, p.k, p.v, p.o = qp, kp, vp, o.data_ptr()
-        if lse is not None:
-            p.lse = lse.data_ptr()
-        if seqused_k is not None:
-            p.seqused_k = seqused_k.data_ptr()
-        extra = self.extra_args(self.plan.runner.config, q, k, v) if self.extra_args else ()
-        if launch.combine is not None:  # split-KV: fresh partials per call (safe across streams and CUDA graphs)
-            partials = split_partials(self.plan.runner.layout.kv_splits, self.inputs, self.device)
-            p.o_partial, p.lse_partial = partials[0].data_ptr(), partials[1].data_ptr()
-        launch.kernel.launch(p, launch.grid, launch.block, launch.smem_dynamic, None, extra)
-        if launch.combine is not None:
-            launch.combine(p)
-        return o, lse
-
-
-def _extra_args_function():
-    """The loader's source of per-call kernel arguments after the parameter block (tma.launch_extra_args)."""
-    return tma.launch_extra_args
+        if self.lse_shape:
+            lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+            self.relaunch(qp, kp, vp, o.data_ptr(), lse.data_ptr(),
+                          None if seqused_k is None else seqused_k.data_ptr())
+            return o, lse
+        self.relaunch(qp, kp, vp, o.data_ptr(), None, None if seqused_k is None else seqused_k.data_ptr())
+        return o, None
 
 
 _launchers: dict[tuple, _Launcher] = {}
@@ -207,9 +192,10 @@ def _new_launcher(q, k, v, causal, scale, return_lse: bool, url: str, seqused_k=
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
     # the loader's own full validation, once
-    launch = plan.runner.prepare(q, k, v, o, lse, scale, align, *(() if seqused_k is None else (seqused_k,)))
-    return _Launcher(plan, launch, tuple(q.shape), tuple(q.shape[:3]) if return_lse else None, q.dtype, q.device,
-                     inputs, seqused)
+    relaunch = Relaunch(plan.runner.prepare(q, k, v, o, lse, scale, align,
+                                            *(() if seqused_k is None else (seqused_k,))))
+    return _Launcher(plan, relaunch, tuple(q.shape), tuple(q.shape[:3]) if return_lse else None, q.dtype,
+                     q.device, inputs, seqused)
 
 
 def forward(q, k, v, causal, scale: Optional[float], return_lse: bool, seqused_k=None):
