@@ -224,6 +224,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     install_standins()
     import autotune
+    from autotune.runtime import attention_op as op
 
     if args.profile:
         q, k, v, causal = row_inputs(args.profile)
@@ -239,9 +240,11 @@ def main(argv=None) -> int:
             autotune.attention(q, k, v, causal=causal)
 
         call()  # cold: lookup, validation, the prepared launch
+        selection = list(op._launchers.values())[-1].plan.selection
         rounds = [per_call_us(call, args.calls) for _ in range(args.rounds)]
         print(f"{name}: {statistics.median(rounds):.2f} µs/call (rounds {min(rounds):.2f}-{max(rounds):.2f}; "
-              f"{args.rounds} × {args.calls} calls; torch {torch.__version__})", flush=True)
+              f"{args.rounds} × {args.calls} calls; torch {torch.__version__}; {selection.source} "
+              f"kv_splits={selection.config.kv_splits})", flush=True)
     return 0
 
 

@@ -14,6 +14,8 @@ Part 2, overhead: a 1×1×128×64 fp16 call, timed on the host with time.perf_co
 warm-up, with a single synchronize after the loop (host time per call is what the loop took before it; the GPU
 finishes its ~µs kernels faster than the host issues them, so the queue never fills). Compared with:
   * bare launch:   the loader's prepared Launch (same kernel, prebuilt params, no allocation), the floor;
+  * relaunch:      the loader's Relaunch of that Launch with the same pointers (what a warm attention call runs
+                   after allocating its output: pointers written, stream read, launch);
   * op path:       torch.ops.autotune.flash_attention_fwd, i.e. through the torch dispatcher (what compiled graphs
                    and autograd-recording calls use);
   * sdpa:          F.scaled_dot_product_attention on the same tensors, for scale.
@@ -137,6 +139,7 @@ def overhead(iters: int) -> dict:
     import torch.nn.functional as F
 
     import autotune
+    from autotune.launch import loader
     from autotune.runtime import attention_op as op
 
     q, k, v = (torch.randn(1, 1, 128, 64, device="cuda", dtype=torch.float16) for _ in range(3))
@@ -144,6 +147,8 @@ def overhead(iters: int) -> dict:
     plan = op.runtime.resolve(q.device.index, op.shape_of(inputs, False))
     o = torch.empty_like(q)
     bare = plan.runner.prepare(q, k, v, o)  # prebuilt params: only cuLaunchKernel's Python path remains
+    relaunch = loader.Relaunch(bare)
+    pointers = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
     # the same result from every route (a benchmark of a wrong call is worth nothing)
     ref = autotune.attention(q, k, v)
     bare()
@@ -154,6 +159,7 @@ def overhead(iters: int) -> dict:
     with torch.no_grad():
         routes = {
             "bare_launch": host_us_per_call(bare, iters),
+            "relaunch": host_us_per_call(lambda: relaunch(*pointers), iters),
             "attention": host_us_per_call(lambda: autotune.attention(q, k, v), iters),
             "attention_lse": host_us_per_call(lambda: autotune.attention(q, k, v, return_lse=True), iters),
             "op_path": host_us_per_call(lambda: torch.ops.autotune.flash_attention_fwd(q, k, v, False, None, False),

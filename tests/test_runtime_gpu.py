@@ -168,3 +168,66 @@ def test_explain_on_the_gpu():
     assert name in text and "source:" in text
     plan = op.runtime.resolve(q.device.index, op.shape_of(op.check_inputs(q, k, v), False))
     assert plan.selection.config.key in text
+
+
+# ---- the warm path's prepared launch (loader.Relaunch): pointers patched per call ---------------------------------
+
+# Decode rows of the shipped H200 table: B1 runs 16 key splits and a combine (programmatic on sm_90), B32 none.
+DECODE_CASES = [(1, 32, 8, 1, 4096, 128, "bf16", False, "bhnd"), (32, 32, 8, 1, 4096, 128, "bf16", False, "bhnd")]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=case_id)
+def test_decode_steps_with_moving_tensors_stay_right(case):
+    """New q every step, the K/V cache now and then another tensor (its tensor maps re-pointed), one prepared
+    launch throughout."""
+    b, h, hkv, nq, nk, d, dt, causal, layout = case
+    q, k, v = make(b, h, hkv, nq, nk, d, dt, layout)
+    autotune.attention(q, k, v)
+    prepared = len(op._launchers)
+    caches = [(k, v), make(b, h, hkv, nq, nk, d, dt, layout, seed=7)[1:]]
+    for step in range(4):
+        q = make(b, h, hkv, nq, nk, d, dt, layout, seed=10 + step)[0]
+        k, v = caches[step % 2 if step < 3 else 0]
+        out, lse = autotune.attention(q, k, v, return_lse=True)
+        assert_close(out, lse, q, k, v, False, dt)
+    assert len(op._launchers) == prepared + 1  # the lse variant is its own memo entry; no other was made
+
+
+@pytest.mark.parametrize("case", [DECODE_CASES[0], CASES[4]], ids=case_id)
+def test_a_graph_replays_its_own_tensors_after_eager_calls_on_others(case):
+    """A captured call records the pointers written for it: eager calls on other tensors in between (which
+    rewrite the prepared launch's parameter block) leave the replay reading the captured tensors."""
+    b, h, hkv, nq, nk, d, dt, causal, layout = case
+    q, k, v = make(b, h, hkv, nq, nk, d, dt, layout)
+    autotune.attention(q, k, v, causal=causal)  # prepared outside the capture
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        autotune.attention(q, k, v, causal=causal)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = autotune.attention(q, k, v, causal=causal)
+    other = make(b, h, hkv, nq, nk, d, dt, layout, seed=3)
+    eager = autotune.attention(*other, causal=causal)
+    fresh = make(b, h, hkv, nq, nk, d, dt, layout, seed=4)
+    for t, src in zip((q, k, v), fresh):
+        t.copy_(src)  # new values in the captured tensors
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, None, q, k, v, causal, dt)
+    assert_close(eager, None, *other, causal, dt)
+
+
+def test_a_warm_call_from_another_thread_runs_in_torchs_context():
+    import threading
+
+    q, k, v = make(1, 32, 8, 1, 4096, 128, "bf16", "bhnd")
+    expected = autotune.attention(q, k, v)
+    got = []
+    thread = threading.Thread(target=lambda: got.append(autotune.attention(q, k, v)))
+    thread.start()
+    thread.join()
+    torch.cuda.synchronize()
+    assert torch.equal(got[0], expected)
