@@ -291,3 +291,20 @@ def test_a_failed_launch_names_the_entry_and_the_geometry(runner, fake):
     with pytest.raises(loader.CudaError, match=r"cuLaunchKernel\(flash_fwd_wgmma, grid=\(1, 8, 2\), "
                                                r"block=\(128, 1, 1\), smem=4096\) failed: CUDA_ERROR_NOT_FOUND"):
         op.forward(*qkv(), False, None, False)
+
+
+def test_the_memo_keeps_no_tensor_of_the_call_that_prepared_it(runner, fake):
+    """A prepared launch holds pointers, not tensors: a K/V cache that grows each step (a new memo entry per
+    step) must not be kept alive by the entries, nor the outputs and partials of their first calls."""
+    import gc
+    import weakref
+
+    runner.split = 2
+    q, k, v = qkv(b=1, n=1, nk=128)
+    out, lse = op.forward(q, k, v, False, None, True)
+    refs = [weakref.ref(t) for t in (q, k, v, out, lse)]
+    del q, k, v, out, lse
+    gc.collect()
+    assert [r() for r in refs] == [None] * 5
+    op.forward(*qkv(b=1, n=1, nk=128), False, None, True)  # and the entry still runs
+    assert runner.prepared == 1 and len(fake.launches) == 4
