@@ -14,19 +14,8 @@
 #                                               its rows: autotune export studies/tuned/h200-decode.json --merge
 #                                               --storage sqlite:///studies/campaign-h200-decode.db
 # Each step has its own time limit so one slow step cannot take the others' share.
-set -uo pipefail
-cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/decode-out}
-mkdir -p "$OUT"
-export AUTOTUNE_TEST_CACHE_DIR=${AUTOTUNE_TEST_CACHE_DIR:-/tmp/autotune-test-cache}
-step() {  # step NAME SECONDS CMD...: run, keep the log, print its tail
-  local name=$1 limit=$2; shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: rc $rc, $((SECONDS - t0)) s"
-  tail -n "${TAIL:-45}" "$OUT/$name.log"
-}
+source "$(dirname "$0")/checklist_lib.sh"  # OUT made, cd to the checkout, step()
 case "${1:-}" in
   sweep)
     step decode_sweep 240 python3 benchmarks/decode_table.py --sweep --copy --out "$OUT/decode"
