@@ -174,6 +174,26 @@ def test_other_shapes_strides_or_dtypes_prepare_a_new_launch(runner, fake):
     assert runner.prepared == 5  # each of them is warm now
 
 
+def test_out_is_laid_out_like_q_cold_and_warm_and_its_strides_reach_the_block(runner, fake):
+    """A model's q is a transposed (B, N, H, D) tensor: out comes back the same way (as SDPA's cuDNN backend
+    returns it), so the caller's transpose back to (B, N, H * D) is a view, not a copy of the whole output."""
+    b, h, n, d = 2, 8, 64, 64
+    bnhd = lambda: torch.zeros(b, n, h, d, dtype=torch.float16).transpose(1, 2)  # noqa: E731
+    for _ in range(2):  # cold (prepares the block with these strides), then warm (a fresh out per call)
+        out, _ = op.forward(bnhd(), bnhd(), bnhd(), False, None, False)
+        assert out.shape == (b, h, n, d) and out.stride() == (n * h * d, d, h * d, 1)
+        assert out.transpose(1, 2).is_contiguous()  # (B, N, H, D) in memory: the reshape back is free
+        p = fake.launches[-1]["params"]
+        assert (p.o_batch_stride, p.o_head_stride, p.o_row_stride) == (n * h * d, d, h * d)
+    assert runner.prepared == 1
+    q, k, v = qkv(b, h, n=n, d=d)  # a contiguous q: a contiguous out
+    out, _ = op.forward(q, k, v, False, None, False)
+    assert out.is_contiguous() and fake.launches[-1]["params"].o_row_stride == d
+    # one query row or one head: nothing to interleave, contiguous
+    assert op.output_strides(torch.zeros(b, 1, h, d).transpose(1, 2)) == (h * d, d, d, 1)
+    assert op.output_strides(torch.zeros(b, n, 1, d).transpose(1, 2)) == (n * d, n * d, d, 1)
+
+
 def test_validation_still_raises_by_name_on_a_warm_layout(runner, fake):
     q, k, v = qkv()
     op.forward(q, k, v, False, None, False)
@@ -228,13 +248,16 @@ def test_a_split_call_gets_fresh_partials_and_its_combine_on_the_same_stream(run
     runner.split = 4
     q, k, v = qkv(b=1, h=8, hkv=2, n=1, nk=256)
     allocations = []
-    empty = torch.empty
+    empty, empty_strided = torch.empty, torch.empty_strided
 
-    def counting_empty(*args, **kwargs):
-        allocations.append(args)
-        return empty(*args, **kwargs)
+    def counting(allocate):
+        def counted(*args, **kwargs):
+            allocations.append(args[:1])  # the shape
+            return allocate(*args, **kwargs)
+        return counted
 
-    monkeypatch.setattr(torch, "empty", counting_empty)
+    monkeypatch.setattr(torch, "empty", counting(empty))
+    monkeypatch.setattr(torch, "empty_strided", counting(empty_strided))  # out, laid out like q
     op.forward(q, k, v, False, None, True)  # cold: prepared once
     fake.launches.clear()
     allocations.clear()
@@ -242,6 +265,7 @@ def test_a_split_call_gets_fresh_partials_and_its_combine_on_the_same_stream(run
     for _ in range(2):
         op.forward(q, k, v, False, None, True)
     monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch, "empty_strided", empty_strided)
     assert len(streams) - reads == 2  # one stream read per call, shared by its two launches
     main1, combine1, main2, combine2 = fake.launches
     assert [x.get("programmatic", False) for x in (main1, combine1)] == [False, True]  # main: cuLaunchKernel

@@ -197,6 +197,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         out = routing.kernel(query, k, v, causal, scale)
     else:
         out = routing.kernel(query, k, v, causal, scale, seqused_k=seqused_k)
+    # no copy when query came as a transposed (B, Nq, H, D) tensor (transformers' own): out is laid out like it
     return out.transpose(1, 2).contiguous(), None
 
 

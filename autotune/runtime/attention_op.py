@@ -19,7 +19,10 @@ enable_gqa=True)` for the cases supported:
     the kernel. causal must then be False or "lower_right" (aligned to each row's used length). The config is the
     one looked up for the tensors' seqlen_k, built for seqused_k (a build of its own);
   * forward only (no backward: autograd raises if one is attempted through the op).
-Returns out (B, H, Nq, D), contiguous, in q's dtype; with return_lse also lse (B, H, Nq), fp32, natural log.
+Returns out (B, H, Nq, D) in q's dtype, laid out in memory like q (as SDPA's cuDNN backend returns it): when q's
+heads are interleaved within a row, a (B, Nq, H, D) tensor passed as `.transpose(1, 2)` (transformers, timm), out is
+one too, so the caller's `out.transpose(1, 2).reshape(B, Nq, H * D)` is a view rather than a copy of the whole
+output; otherwise out is contiguous. With return_lse also lse (B, H, Nq), fp32, contiguous, natural log.
 
 The op is registered as `autotune::flash_attention_fwd` (torch.library.custom_op) with a fake implementation, so
 `torch.compile(fullgraph=True)` traces through it. In plain eager mode on plain tensors `attention` calls the
@@ -127,18 +130,35 @@ def shape_of(inputs: InputShape, causal: bool, causal_align: str = "upper_left")
 
 # ---- launching --------------------------------------------------------------------------------------------
 
+def output_strides(q) -> tuple:
+    """out's strides for q (B, H, Nq, D): (B, Nq, H, D) memory order when q's head stride is below its row stride
+    (a transposed (B, N, H, D) tensor, as models pass), else contiguous (B, H, Nq, D). The kernel writes O through
+    its own three strides, so either costs it nothing; the layout saves the caller's transpose-back copy."""
+    b, h, n, d = q.shape
+    if h > 1 and n > 1 and q.stride(1) < q.stride(2):
+        return (n * h * d, d, h * d, 1)
+    return (h * n * d, n * d, d, 1)
+
+
+def empty_output(q):
+    """An uninitialised out for q: q's shape and dtype, output_strides(q)."""
+    return torch.empty_strided(q.shape, output_strides(q), dtype=q.dtype, device=q.device)
+
+
 class _Launcher:
     """One validated (layout, flags, storage) combination: a warm call allocates the outputs and hands the data
     pointers to the loader's Relaunch, which holds everything else ready (parameter block, kernelParams array,
     tensor-map encoders, the combine's launch)."""
 
-    __slots__ = ("plan", "relaunch", "out_shape", "lse_shape", "dtype", "device", "inputs", "seqused")
+    __slots__ = ("plan", "relaunch", "out_shape", "out_strides", "lse_shape", "dtype", "device", "inputs", "seqused")
 
     def __init__(self, plan: runtime.Plan, relaunch, out_shape, lse_shape, dtype, device, inputs: InputShape,
-                 seqused: bool = False):
+                 seqused: bool, out_strides: tuple):
         self.plan, self.relaunch = plan, relaunch
         self.seqused = seqused  # every call passes a seqused_k tensor (checked against the memo key's metadata)
         self.out_shape, self.lse_shape = out_shape, lse_shape
+        # the strides the Relaunch's parameter block was prepared with (the memo key holds q's strides)
+        self.out_strides = out_strides
         self.dtype, self.device = dtype, device
         self.inputs = inputs
 
@@ -146,7 +166,7 @@ class _Launcher:
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         if (qp | kp | vp) % ALIGN_BYTES:
             check_inputs(q, k, v)  # raises, naming the argument
-        o = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        o = torch.empty_strided(self.out_shape, self.out_strides, dtype=self.dtype, device=self.device)
         if self.lse_shape:
             lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
             self.relaunch(qp, kp, vp, o.data_ptr(), lse.data_ptr(),
@@ -189,13 +209,13 @@ def _new_launcher(q, k, v, causal, scale, return_lse: bool, url: str, seqused_k=
         runtime.resolve(q.device.index, shape, url)
     if benchmark_mode.settings.enabled and not seqused:  # models: an untuned shape times a few built configs first
         plan = benchmark_mode.plan(plan, q, k, v, scale, url, align)  # timed with the call's own mask
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    o = empty_output(q)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
     # the loader's own full validation, once
     relaunch = Relaunch(plan.runner.prepare(q, k, v, o, lse, scale, align,
                                             *(() if seqused_k is None else (seqused_k,))))
     return _Launcher(plan, relaunch, tuple(q.shape), tuple(q.shape[:3]) if return_lse else None, q.dtype,
-                     q.device, inputs, seqused)
+                     q.device, inputs, seqused, tuple(o.stride()))
 
 
 def forward(q, k, v, causal, scale: Optional[float], return_lse: bool, seqused_k=None):
@@ -240,7 +260,7 @@ def _flash_attention_fwd_fake(q, k, v, causal, scale, return_lse, causal_align="
     _check_align(causal_align)
     check_meta(q, k, v)
     check_seqused(q, causal_align if causal else False, seqused_k)
-    out = q.new_empty(q.shape)  # contiguous, like the real output
+    out = empty_output(q)  # the real output's strides
     lse = q.new_empty(q.shape[:3] if return_lse else (0,), dtype=torch.float32)
     return out, lse
 
@@ -316,5 +336,5 @@ def explain(q, k, v, causal: bool | str = False, *, storage: str | None = None, 
 
 
 __all__ = ["CAUSAL_VALUES", "OP_NAME", "attention", "causal_mode", "check_flags", "check_inputs", "check_meta",
-           "check_seqused", "clear_caches", "explain",
+           "check_seqused", "clear_caches", "empty_output", "explain", "output_strides",
            "flash_attention_fwd", "forward"]

@@ -78,7 +78,7 @@ def unsupported(q, k, v) -> Optional[str]:
 
 
 def kernel(q, k, v, causal, scale, seqused_k=None):
-    """The tuned kernel, as routed calls run it: autotune.attention (out (B, H, Nq, D), contiguous); seqused_k:
+    """The tuned kernel, as routed calls run it: autotune.attention (out (B, H, Nq, D), laid out like q); seqused_k:
     int32 (B,) used key lengths on the device (the transformers backend's prefix masks)."""
     from .attention_op import attention
 
