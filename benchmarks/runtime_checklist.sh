@@ -14,7 +14,7 @@ case "${1:-}" in
     TAIL=70 step holds 420 python3 -u benchmarks/table_holds.py --budget-s "${2:-360}" --out-dir "$OUT/holds" ;;
   tests)
     # Every kernel the tests launch, built once in one process (under -n 8 each xdist worker would build them all).
-    TAIL=4 step prebuild 240 python3 -c "
+    TAIL=4 step prebuild 200 python3 -c "
 import os, sys; sys.path.insert(0, 'tests')
 import space, test_decode_gpu as d, test_seqused_gpu as s
 from space import Problem, Shape
@@ -32,10 +32,10 @@ for family in ('mma_sync', 'wgmma'):
 items = list(dict.fromkeys(items))
 res = Builder(arch, cache_dir=os.environ['AUTOTUNE_TEST_CACHE_DIR'], jobs=os.cpu_count()).build(items)
 print(len(res), 'builds,', sum(not r.ok or r.spilled for r in res), 'failed or spilled')"
-    TAIL=8 step seqused_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_seqused_gpu.py --maxfail=30
+    TAIL=8 step seqused_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_seqused_gpu.py --maxfail=30
     TAIL=8 step runtime_tests 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_runtime_gpu.py \
       tests/test_models_gpu.py --maxfail=30
-    TAIL=6 step decode_tests 120 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_decode_gpu.py \
+    TAIL=6 step decode_tests 110 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_decode_gpu.py \
       --maxfail=30 ;;
   models)
     TAIL=30 step models 420 python3 -u benchmarks/models_e2e.py --markdown ${MODELS_ARGS:-}
