@@ -19,8 +19,8 @@ Models, built from their configs (transformers' from_config, timm's create_model
         warm-up steps (the first autotune call of a shape builds and looks up its kernel there), replayed --decode
         times, tokens/s from CUDA events around the replays. transformers passes a static cache's decode an
         explicit mask (the valid prefix of max_cache_len slots), which the autotune path runs on the kernel with
-        each row's used length read on the device (autotune.attention's seqused_k) when
-        AUTOTUNE_ROUTE_PREFIX_MASKS=1 (opt-in until its GPU checks pass); its fallback column counts
+        each row's used length read on the device (autotune.attention's seqused_k; AUTOTUNE_ROUTE_PREFIX_MASKS=0
+        makes it fall back, as before seqused_k); its fallback column counts
         any call that still falls back;
       - CUDA graph, fixed context: one decode step at the prompt's length (DynamicCache, no mask, as eager decode
         runs it) captured and replayed --decode times; every replay recomputes that same step, the work of a real

@@ -62,10 +62,11 @@ def static_decode_replayed_twice():
     return step
 
 
-def test_a_static_cache_decode_passes_a_mask_and_falls_back_on_every_call_by_default(stand_in):
+def test_a_static_cache_decode_falls_back_on_every_call_with_prefix_mask_routing_switched_off(stand_in,
+                                                                                               monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_ROUTE_PREFIX_MASKS", "0")
     static_decode_replayed_twice()
-    # the prompt runs on the kernel (the crop of the empty slots); no decode call does until prefix masks are
-    # routed (opt-in, $AUTOTUNE_ROUTE_PREFIX_MASKS, until seqused_k has passed on a GPU)
+    # the prompt runs on the kernel (the crop of the empty slots); no decode call does with the routing off
     assert [c["q"][2] for c in stand_in.calls] == [PROMPT, PROMPT]
     reasons = fallback_reasons()
     assert list(reasons) == ["an explicit attention mask (padding, a window or another pattern)"]
@@ -74,7 +75,7 @@ def test_a_static_cache_decode_passes_a_mask_and_falls_back_on_every_call_by_def
 
 def test_a_static_cache_decode_passes_a_prefix_mask_that_runs_on_the_kernel_through_seqused_k(stand_in,
                                                                                                monkeypatch):
-    monkeypatch.setenv("AUTOTUNE_ROUTE_PREFIX_MASKS", "1")
+    monkeypatch.delenv("AUTOTUNE_ROUTE_PREFIX_MASKS", raising=False)  # the default: routed
     step = static_decode_replayed_twice()
     layer = step.cache.layers[0]
     assert int(layer.cumulative_length) == PROMPT + e2e.GRAPH_WARMUP + 2  # the position advances in the step

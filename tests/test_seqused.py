@@ -152,8 +152,8 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, causal_mask
 
 @pytest.fixture(autouse=True)
 def prefix_masks_routed(monkeypatch):
-    """These tests check the routing of prefix masks through seqused_k, which is opt-in until it passes on a GPU."""
-    monkeypatch.setenv("AUTOTUNE_ROUTE_PREFIX_MASKS", "1")
+    """These tests check the routing of prefix masks through seqused_k (the default): not switched off here."""
+    monkeypatch.delenv("AUTOTUNE_ROUTE_PREFIX_MASKS", raising=False)
 
 
 def tiny_llama(attn="autotune"):

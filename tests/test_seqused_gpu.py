@@ -18,8 +18,8 @@ from space import Problem, Shape  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def prefix_masks_routed(monkeypatch):
-    """These tests check the routing of prefix masks through seqused_k, which is opt-in until it passes on a GPU."""
-    monkeypatch.setenv("AUTOTUNE_ROUTE_PREFIX_MASKS", "1")
+    """These tests check the routing of prefix masks through seqused_k (the default): not switched off here."""
+    monkeypatch.delenv("AUTOTUNE_ROUTE_PREFIX_MASKS", raising=False)
 
 pytestmark = pytest.mark.gpu
 

@@ -15,8 +15,8 @@ which is what a static cache's decode step gets, (B, 1, Nq, max_cache_len), true
 A call runs on the tuned kernel (autotune.attention) when SDPA would run it without a mask: prefill (causal,
 seqlen_q == seqlen_k), decode steps (one query, no mask: full attention over the cache), the prefill of a static
 cache (causal, keys cropped to the queries as transformers' SDPA path crops them), and a noted prefix mask (a static
-cache's decode, also inside a CUDA graph; opt-in with $AUTOTUNE_ROUTE_PREFIX_MASKS=1 until tests/test_seqused_gpu.py
-has passed on a GPU, else it falls back as any explicit mask does): the kernel reads each row's used key length on the device
+cache's decode, also inside a CUDA graph; $AUTOTUNE_ROUTE_PREFIX_MASKS=0 switches this off, and such a mask then falls
+back as any explicit mask does): the kernel reads each row's used key length on the device
 (autotune.attention's seqused_k, the mask's true count in its last query row, a device reduction), non-causal for
 one query and bottom-right causal for several, which is that mask. GQA caches go in as they are, with no repeat of
 the K/V heads. Everything else runs transformers' own SDPA function with the same arguments,
@@ -85,10 +85,10 @@ ROUTE_PREFIX_MASKS_ENV = "AUTOTUNE_ROUTE_PREFIX_MASKS"
 
 
 def prefix_masks_routed() -> bool:
-    """Whether noted prefix masks run on the kernel (through seqused_k): opt-in ($AUTOTUNE_ROUTE_PREFIX_MASKS=1)
-    until the seqused_k builds have passed their GPU checks (tests/test_seqused_gpu.py); off, such a mask falls
-    back to transformers' SDPA like any explicit mask, as before seqused_k existed."""
-    return os.environ.get(ROUTE_PREFIX_MASKS_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+    """Whether noted prefix masks run on the kernel (through seqused_k): yes unless $AUTOTUNE_ROUTE_PREFIX_MASKS is
+    0 / false / no / off (a switch back to transformers' SDPA for such masks, as before seqused_k existed, should a
+    model's masks ever need it; tests/test_seqused_gpu.py is what the routed path passed on the H200)."""
+    return os.environ.get(ROUTE_PREFIX_MASKS_ENV, "").strip().lower() not in ("0", "false", "no", "off")
 
 
 def sdpa_mask(*args, **kwargs):
