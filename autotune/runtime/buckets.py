@@ -1,4 +1,4 @@
-"""Shape buckets: the sizes that capture.py records and that a tuned row stands for at run time.
+"""Shape buckets: the sizes that capture.py records once a shape varies, and that a tuned row stands for at run time.
 
 A serving loop calls attention with a new sequence length every step (decode: Nk, Nk + 1, ...) and changing
 batches. Recording each would give a campaign of thousands of shapes; instead batch, seqlen_q and seqlen_k are

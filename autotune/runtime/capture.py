@@ -4,10 +4,14 @@
     autotune campaign shapes.toml                       # tune what the program ran
     python serve.py                                     # runs on the tuned rows (lookup.py finds the buckets)
 
-Each distinct shape's bucket (buckets.py) becomes one `[[shapes]]` table of a TOML campaign file, written the
-first time the bucket is seen; `autotune campaign FILE` takes the file as it is. How often each bucket was called
-is kept in comment lines, `# calls: N of <shape key> (run <id>)`, appended when a bucket's count reaches a power of
-two and once more, exact, when the capture ends (the context manager's exit, stop(), or the interpreter's exit):
+Each distinct shape becomes a `[[shapes]]` table of a TOML campaign file, written the first time it is seen;
+`autotune campaign FILE` takes the file as it is. A bucket (buckets.py) is written as the first size it sees, exact
+(a ViT, a fixed-size prefill: its own shape is what gets tuned, and the lookup serves an exact row first), and as
+the bucket from its second size on (a serving loop's prompt lengths): the calls of that first size stay counted
+under it, every later size counts under the bucket. Decode shapes (seqlen_q up to 16, their keys growing every step)
+are written as their bucket straight away, so a loop's first step is not tuned for one call. How often each shape
+was called is kept in comment lines, `# calls: N of <shape key> (run <id>)`, appended when its count reaches a power
+of two and once more, exact, when the capture ends (the context manager's exit, stop(), or the interpreter's exit):
 `read(path)` sums the last count of each run.
 
 Nothing is lost when the process is killed: the file is only ever appended to (O_APPEND), each shape's table and
@@ -35,7 +39,7 @@ from pathlib import Path
 from space import Shape, causal_mask, causal_value
 
 from ..launch.params import dtype_name
-from .buckets import bucket
+from .buckets import EXACT_UP_TO, bucket
 
 ENV_VAR = "AUTOTUNE_CAPTURE"
 HEADER = ("# autotune capture: the shapes autotune.attention was called with, bucketed (autotune/runtime/buckets.py).\n"
@@ -98,7 +102,9 @@ def read(path: str | Path) -> list[tuple[Shape, int]]:
     return [(s, calls.get(s.key, 0)) for s in _parse(path, text)]
 
 
-class _Bucket:
+class _Counter:
+    """The calls of one campaign shape (an exact shape or a bucket) in this capture."""
+
     __slots__ = ("shape", "calls", "written")
 
     def __init__(self, shape: Shape):
@@ -117,8 +123,8 @@ class CaptureFile:
         self.path = path
         self.run = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"  # one per capture: its counts are its own
         self.lock = threading.Lock()
-        self._keys: dict[tuple, _Bucket] = {}     # (q.shape, k.shape, dtype, causal) -> its bucket's counter
-        self._buckets: dict[Shape, _Bucket] = {}
+        self._keys: dict[tuple, _Counter] = {}     # (q.shape, k.shape, dtype, causal) -> its campaign shape's
+        self._counters: dict[Shape, _Counter] = {}  # campaign shape (exact or bucket) -> its counter
         self._in_file: set[Shape] = set()
         self._seen_size = -1
         try:
@@ -165,24 +171,37 @@ class CaptureFile:
             if b.calls & (b.calls - 1) == 0:  # 1, 2, 4, ...: a killed run's counts are within a factor of 2
                 self._write_count(b)
 
-    def _new_key(self, key, q, k, causal) -> _Bucket:
+    def _new_key(self, key, q, k, causal) -> _Counter:
         batch, heads, seqlen_q, head_dim = q.shape
         masked, align = causal_mask(causal)
-        shape = bucket(Shape(batch=batch, heads=heads, seqlen_q=seqlen_q, seqlen_k=k.shape[2], head_dim=head_dim,
-                             dtype=dtype_name(q.dtype), causal=masked, kv_heads=k.shape[1], causal_align=align))
-        b = self._buckets.get(shape)
-        if b is None:
-            b = self._buckets[shape] = _Bucket(shape)
+        exact = Shape(batch=batch, heads=heads, seqlen_q=seqlen_q, seqlen_k=k.shape[2], head_dim=head_dim,
+                      dtype=dtype_name(q.dtype), causal=masked, kv_heads=k.shape[1], causal_align=align)
+        whole = bucket(exact)
+        # decided without the file: a shape that is its own bucket, a decode shape, a bucket already counting
+        target = whole if whole == exact or seqlen_q <= EXACT_UP_TO or whole in self._counters else None
+        counter = self._counters.get(target) if target is not None else None
+        if counter is None:
             with self._file_lock():
                 self._refresh()
-                if shape not in self._in_file:
-                    self._append(shape_table(shape))
-                    self._in_file.add(shape)
-                    self._seen_size = os.fstat(self._fd).st_size
-        self._keys[key] = b
-        return b
+                if target is None:
+                    target = exact if self._first_size(exact, whole) else whole
+                counter = self._counters.get(target)
+                if counter is None:
+                    counter = self._counters[target] = _Counter(target)
+                    if target not in self._in_file:
+                        self._append(shape_table(target))
+                        self._in_file.add(target)
+                        self._seen_size = os.fstat(self._fd).st_size
+        self._keys[key] = counter
+        return counter
 
-    def _write_count(self, b: _Bucket) -> None:
+    def _first_size(self, exact: Shape, whole: Shape) -> bool:
+        """Whether `exact` is the only size its bucket `whole` has had, in this capture and in the file (call with
+        the file lock held, the file re-read): then it is written as itself, else as the bucket."""
+        seen = self._in_file | set(self._counters)
+        return whole not in seen and not any(s != exact and bucket(s) == whole for s in seen)
+
+    def _write_count(self, b: _Counter) -> None:
         self._append(f"# calls: {b.calls} of {b.shape.key} (run {self.run})\n")
         b.written = b.calls
 
@@ -191,7 +210,7 @@ class CaptureFile:
         with self.lock:
             if self._fd < 0:
                 return
-            for b in self._buckets.values():
+            for b in self._counters.values():
                 if b.calls != b.written:
                     self._write_count(b)
             os.close(self._fd)
@@ -199,9 +218,9 @@ class CaptureFile:
 
     @property
     def shapes(self) -> dict[Shape, int]:
-        """{bucket: calls} recorded by this process."""
+        """{campaign shape (a bucket's first size or the bucket): calls} recorded by this process."""
         with self.lock:
-            return {s: b.calls for s, b in self._buckets.items()}
+            return {s: b.calls for s, b in self._counters.items()}
 
 
 # ---- the active capture ---------------------------------------------------------------------------------------
