@@ -7,6 +7,7 @@
 #   bash benchmarks/runtime_checklist.sh models [BUDGET_S]   the whole-model table (models_e2e.py: Llama with its
 #                                                 graphed decode rows, the ViT) on the shipped tables with capture on,
 #                                                 a campaign over the captured shapes, the table again on its storage
+#                                                 (MODELS="vit": one model)
 #   bash benchmarks/runtime_checklist.sh host     the warm call's host time (host_overhead.py)
 # Each step has its own time limit so one slow step cannot take the others' share.
 OUT=${OUT:-/tmp/runtime-out}
@@ -40,12 +41,13 @@ print(len(res), 'builds,', sum(not r.ok or r.spilled for r in res), 'failed or s
     TAIL=6 step decode_tests 110 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_decode_gpu.py \
       --maxfail=30 ;;
   models)  # capture -> campaign -> run (docs/benchmarks.md, "Whole models"), in one lease
-    TAIL=20 step models_shipped 160 python3 -u benchmarks/models_e2e.py --markdown --capture "$OUT/models-e2e.toml"
+    TAIL=20 step models_shipped 160 python3 -u benchmarks/models_e2e.py --markdown --models ${MODELS:-llama vit} \
+      --capture "$OUT/models-e2e.toml"
     TAIL=20 step models_campaign 170 python3 -m autotune.cli campaign "$OUT/models-e2e.toml" --budget-s "${2:-140}" \
       --trials 24 --warm-from studies/tuned/h200.json --warm-from studies/tuned/h200-decode.json \
       --storage "sqlite:///$OUT/models.db" --markdown "$OUT/models-campaign.md"
     AUTOTUNE_STORAGE="sqlite:///$OUT/models.db" TAIL=20 step models_tuned 200 python3 -u benchmarks/models_e2e.py \
-      --markdown ;;
+      --markdown --models ${MODELS:-llama vit} ;;
   host)
     TAIL=20 step host 60 python3 benchmarks/host_overhead.py --out "$OUT/host" ;;
   *) echo "usage: $0 holds [BUDGET_S]|tests|models [BUDGET_S]|host" >&2; exit 2 ;;
