@@ -20,19 +20,9 @@ case "${1:-}" in
     TAIL=4 step prebuild 200 python3 -c "
 import os, sys; sys.path.insert(0, 'tests')
 import space, test_decode_gpu as d, test_seqused_gpu as s
-from space import Problem, Shape
 from autotune.build.builder import Builder
 arch = space.get_arch('sm_90')
-items = [(c, p) for p, c in d.PLAN]
-for family in ('mma_sync', 'wgmma'):
-    for dtype in ('fp16', 'bf16'):
-        for causal in (False, True):
-            for hd in (64, 128):
-                p = Problem(hd, dtype, causal, seqused_k=True)
-                shape = Shape(batch=4, heads=8, kv_heads=2, seqlen_q=1, seqlen_k=4099, head_dim=hd, dtype=dtype,
-                              causal=causal)
-                items += [(c, p) for c in s.configs_for(family, p, arch, shape)]
-items = list(dict.fromkeys(items))
+items = list(dict.fromkeys([(c, p) for p, c in d.PLAN] + s.build_items(arch)))
 res = Builder(arch, cache_dir=os.environ['AUTOTUNE_TEST_CACHE_DIR'], jobs=os.cpu_count()).build(items)
 print(len(res), 'builds,', sum(not r.ok or r.spilled for r in res), 'failed or spilled')"
     TAIL=8 step seqused_tests 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_seqused_gpu.py --maxfail=30

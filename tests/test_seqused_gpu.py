@@ -87,6 +87,29 @@ def configs_for(family: str, problem: Problem, arch, decode_shape: Shape):
     return list(dict.fromkeys(out))
 
 
+FAMILIES, DTYPE_NAMES, CAUSALS, MATRIX_HEAD_DIMS = ("mma_sync", "wgmma"), ("fp16", "bf16"), (False, True), (64, 128)
+
+
+def matrix_case(head_dim: int, dtype: str, causal: bool) -> tuple[Problem, Shape]:
+    """The matrix's problem (built for seqused_k) and the decode shape whose default config it also builds."""
+    problem = Problem(head_dim, dtype, causal, seqused_k=True)
+    decode = Shape(batch=4, heads=8, kv_heads=2, seqlen_q=1, seqlen_k=4099, head_dim=head_dim, dtype=dtype,
+                   causal=causal)
+    return problem, decode
+
+
+def build_items(arch) -> list:
+    """Every (config, problem) the matrix builds, for one prebuild in one process (benchmarks/runtime_checklist.sh)."""
+    items = []
+    for family in FAMILIES:
+        for dtype in DTYPE_NAMES:
+            for causal in CAUSALS:
+                for head_dim in MATRIX_HEAD_DIMS:
+                    problem, decode = matrix_case(head_dim, dtype, causal)
+                    items += [(c, problem) for c in configs_for(family, problem, arch, decode)]
+    return list(dict.fromkeys(items))
+
+
 @pytest.fixture(scope="module")
 def builder(tmp_path_factory):
     import os
@@ -108,16 +131,14 @@ CASES = [
 
 
 @pytest.mark.skipif(not IS_HOPPER, reason="needs an sm_90 GPU (the wgmma family; the builds are for sm_90a)")
-@pytest.mark.parametrize("family", ["mma_sync", "wgmma"])
-@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("dtype", DTYPE_NAMES)
+@pytest.mark.parametrize("causal", CAUSALS)
+@pytest.mark.parametrize("head_dim", MATRIX_HEAD_DIMS)
 def test_both_families_honour_the_used_length_of_every_row(builder, family, dtype, causal, head_dim):
     from autotune.launch.loader import KernelRunner
 
-    problem = Problem(head_dim, dtype, causal, seqused_k=True)
-    decode = Shape(batch=4, heads=8, kv_heads=2, seqlen_q=1, seqlen_k=4099, head_dim=head_dim, dtype=dtype,
-                   causal=causal)
+    problem, decode = matrix_case(head_dim, dtype, causal)
     configs = configs_for(family, problem, builder.arch, decode)
     builds = builder.build([(c, problem) for c in configs])
     tdtype = DTYPES[dtype]

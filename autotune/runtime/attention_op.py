@@ -150,30 +150,23 @@ class _Launcher:
     pointers to the loader's Relaunch, which holds everything else ready (parameter block, kernelParams array,
     tensor-map encoders, the combine's launch)."""
 
-    __slots__ = ("plan", "relaunch", "out_shape", "out_strides", "lse_shape", "dtype", "device", "inputs", "seqused")
+    __slots__ = ("plan", "relaunch", "out_shape", "out_strides", "lse_shape", "dtype", "device")
 
-    def __init__(self, plan: runtime.Plan, relaunch, out_shape, lse_shape, dtype, device, inputs: InputShape,
-                 seqused: bool, out_strides: tuple):
+    def __init__(self, plan: runtime.Plan, relaunch, out_shape, out_strides: tuple, lse_shape, dtype, device):
         self.plan, self.relaunch = plan, relaunch
-        self.seqused = seqused  # every call passes a seqused_k tensor (checked against the memo key's metadata)
-        self.out_shape, self.lse_shape = out_shape, lse_shape
-        # the strides the Relaunch's parameter block was prepared with (the memo key holds q's strides)
-        self.out_strides = out_strides
+        # out's strides are those the Relaunch's parameter block was prepared with (the memo key holds q's strides)
+        self.out_shape, self.out_strides, self.lse_shape = out_shape, out_strides, lse_shape
         self.dtype, self.device = dtype, device
-        self.inputs = inputs
 
     def __call__(self, q, k, v, seqused_k=None):
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         if (qp | kp | vp) % ALIGN_BYTES:
             check_inputs(q, k, v)  # raises, naming the argument
         o = torch.empty_strided(self.out_shape, self.out_strides, dtype=self.dtype, device=self.device)
-        if self.lse_shape:
-            lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
-            self.relaunch(qp, kp, vp, o.data_ptr(), lse.data_ptr(),
-                          None if seqused_k is None else seqused_k.data_ptr())
-            return o, lse
-        self.relaunch(qp, kp, vp, o.data_ptr(), None, None if seqused_k is None else seqused_k.data_ptr())
-        return o, None
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.lse_shape else None
+        self.relaunch(qp, kp, vp, o.data_ptr(), None if lse is None else lse.data_ptr(),
+                      None if seqused_k is None else seqused_k.data_ptr())
+        return o, lse
 
 
 _launchers: dict[tuple, _Launcher] = {}
@@ -214,8 +207,8 @@ def _new_launcher(q, k, v, causal, scale, return_lse: bool, url: str, seqused_k=
     # the loader's own full validation, once
     relaunch = Relaunch(plan.runner.prepare(q, k, v, o, lse, scale, align,
                                             *(() if seqused_k is None else (seqused_k,))))
-    return _Launcher(plan, relaunch, tuple(q.shape), tuple(q.shape[:3]) if return_lse else None, q.dtype,
-                     q.device, inputs, seqused, tuple(o.stride()))
+    return _Launcher(plan, relaunch, tuple(q.shape), tuple(o.stride()), tuple(q.shape[:3]) if return_lse else None,
+                     q.dtype, q.device)
 
 
 def forward(q, k, v, causal, scale: Optional[float], return_lse: bool, seqused_k=None):
