@@ -279,6 +279,48 @@ def test_a_split_call_gets_fresh_partials_and_its_combine_on_the_same_stream(run
     assert len(allocations) == 2 * 3 and allocations[2] == (4 * 8 * (64 + 1),)
 
 
+def test_two_threads_calls_on_one_relaunch_each_launch_their_own_pointers(runner, fake):
+    """One parameter block serves every call: the lock keeps a second thread's pointer writes out of it until the
+    first call's launch has copied it. The first launch is held until the second call has either written its
+    pointers (no lock) or found the lock taken (events, no sleep)."""
+    import threading
+
+    op.forward(*qkv(), False, None, False)
+    relaunch = next(iter(op._launchers.values())).relaunch
+    fake.launches.clear()
+    first_in_launch, second_moved = threading.Event(), threading.Event()
+    record = fake.launch_kernel
+
+    def launch_kernel(*args):
+        if not first_in_launch.is_set():
+            first_in_launch.set()
+            assert second_moved.wait(60), "the second call neither wrote its pointers nor waited on the lock"
+        else:
+            second_moved.set()  # no lock: the second call got as far as its own launch
+        return record(*args)
+
+    fake.launch_kernel = launch_kernel
+    lock = relaunch._lock
+
+    class Observed:  # the Relaunch's lock, saying when a call finds it taken
+        def __enter__(self):
+            if not lock.acquire(blocking=False):
+                second_moved.set()
+                lock.acquire()
+
+        def __exit__(self, *exc):
+            lock.release()
+
+    relaunch._lock = Observed()
+    first = threading.Thread(target=relaunch, args=(0x1000, 0x2000, 0x3000, 0x4000))
+    second = threading.Thread(target=relaunch, args=(0x5000, 0x6000, 0x7000, 0x8000))
+    first.start()
+    assert first_in_launch.wait(60)
+    second.start()
+    first.join(60), second.join(60)
+    assert sorted((x["params"].q, x["params"].o) for x in fake.launches) == [(0x1000, 0x4000), (0x5000, 0x8000)]
+
+
 def test_a_split_call_without_programmatic_launch_uses_cuLaunchKernel_for_both(runner, fake):
     runner.split, runner.programmatic = 2, False
     op.forward(*qkv(b=1, n=1, nk=128), False, None, False)
