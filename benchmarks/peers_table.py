@@ -38,8 +38,14 @@ from h200_sweep import DEFAULT_SHAPES  # noqa: E402
 from h200_sweep import parse_shape as parse_shape_key  # noqa: E402
 from space import Shape  # noqa: E402
 
-# h200_sweep's five, plus the two where the peers led by most on 2026-12-01 (short sequences, d256)
-SHAPES = DEFAULT_SHAPES + ("b16-h16-n512-d64-fp16-full", "b2-h8-n4096-d256-bf16-full")
+# h200_sweep's five, the two where the peers led by most on 2026-12-01 (short sequences, d256), and the shapes real
+# models run: a DiT's joint attention, Llama-3-8B's prefill (GQA, causal), a ViT-L/14 at 336 px, and a query chunk
+# against a GQA cache (the prefill issue's table)
+SHAPES = DEFAULT_SHAPES + (
+    "b16-h16-n512-d64-fp16-full", "b2-h8-n4096-d256-bf16-full",
+    "b1-h24-n4608-d128-bf16-full", "b1-h32-kv8-n8192-d128-bf16-causal", "b64-h16-n577-d64-bf16-full",
+    "b1-h32-kv8-n512-k8192-d128-bf16-full",
+)
 PEERS = ("sdpa_flash", "sdpa_cudnn", "fa4")
 TOLERANCE = 2e-2  # vs torch SDPA in the same 16-bit dtype (see autotune.measure.peer_fa4.PEER_TOLERANCE)
 
@@ -65,10 +71,14 @@ def measure_shape(shape: Shape, warmup_ms: float, rep_ms: float) -> dict:
     from autotune.measure.check import make_inputs
     from autotune.measure.timing import bench
 
+    if shape.causal and shape.seqlen_q != shape.seqlen_k:
+        raise ValueError(f"--shape {shape.key}: causal rows need seqlen_q == seqlen_k here (SDPA's is_causal is "
+                         "aligned top-left, FlashAttention's bottom-right: not one function to compare)")
     q, k, v = make_inputs(shape, "bhnd", seed=1)
+    gqa = {"enable_gqa": True} if shape.kv_heads != shape.heads else {}  # K/V heads go in grouped, as they are
     row: dict = {"shape": shape.key, "tflops": {}, "notes": {}}
     with torch.no_grad():
-        want = F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal)
+        want = F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal, **gqa)
         ours = lambda: autotune.attention(q, k, v, causal=shape.causal)  # noqa: E731
         err = rel_error(ours(), want)
         row["config"] = autotune.explain(q, k, v, causal=shape.causal).splitlines()[0]
@@ -78,7 +88,7 @@ def measure_shape(shape: Shape, warmup_ms: float, rep_ms: float) -> dict:
             row["tflops"]["ours"] = shape.tflops(bench(ours, warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms / 1e3)
         for name, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
             with sdpa_kernel(backend):
-                fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal)  # noqa: E731
+                fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal, **gqa)  # noqa: E731
                 try:
                     err = rel_error(fn(), want)
                 except RuntimeError as e:
