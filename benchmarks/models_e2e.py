@@ -32,8 +32,11 @@ Models, built from their configs (transformers' from_config, timm's create_model
 
 Outputs compared on the same inputs: the first-token logits (llama prefill's last position; the ViT's class
 logits), max |autotune − stock|, next to the stock path's own backend-to-backend difference (stock vs the same
-model with SDPA forced to its math backend) as the yardstick. Times: CUDA events, median of --reps after warm-up
-(the first autotune call of a shape compiles its kernel: warm-up absorbs it). Fallbacks are printed: a model
+model with SDPA forced to its math backend) as the yardstick. Times: CUDA events; the two paths are measured in
+turns, --rounds rounds with the order reversed every other round (interleaved), so that a drift over the run lands
+on both alike; a row's figure is the median over its rounds (prefill and ViT: of --reps calls per round, after
+warm-up: the first autotune call of a shape compiles its kernel), and the table gives the range of one round's
+ratio beside it: a row whose range straddles 1.000 is a tie. Fallbacks are printed: a model
 whose calls fall back is running stock attention, not ours; the last column counts them per row (autotune path).
 
 --capture FILE: run the autotune paths inside autotune.capture(FILE) (the campaign of what they ran).
@@ -175,14 +178,32 @@ def replay_tokens_per_s(replay, batch: int, replays: int) -> float:
     return batch * replays / (begin.elapsed_time(end) / 1e3)
 
 
-def graphed_decode_tokens_per_s(model, cfg, prompt, replays: int, static: bool, repeats: int = 3,
-                                graph=cuda_graph, rate=replay_tokens_per_s) -> float:
-    """Median over `repeats` of replay_tokens_per_s for one captured DecodeStep (see the module docstring)."""
+def captured_decode(model, cfg, prompt, replays: int, static: bool, repeats: int, graph=cuda_graph):
+    """One DecodeStep captured (see the module docstring), with cache room for `repeats` runs of `replays`
+    replays; returns the replay."""
     capacity = prompt.shape[1] + GRAPH_WARMUP + 1 + repeats * replays
     step = DecodeStep(model, cfg, prompt, static, capacity)
     with contextlib.nullcontext() if static else masks_as_eager():
-        replay = graph(step)
-    return statistics.median(rate(replay, prompt.shape[0], replays) for _ in range(repeats))
+        return graph(step)
+
+
+def interleaved(measure: dict, rounds: int) -> dict:
+    """{path: [one sample per round]}: each round measures every path once, the order reversed every other round
+    (A B, B A, A B, ...), so a drift over the run (clocks, heat, the caching allocator) lands on both paths alike
+    instead of on whichever path runs second. measure: {path: a callable returning one sample}."""
+    names = list(measure)
+    samples = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            samples[name].append(measure[name]())
+    return samples
+
+
+def paired(samples: dict, unit: str) -> tuple[float, float, tuple[float, float]]:
+    """(stock, autotune, (lowest, highest) autotune/stock ratio of one round) from interleaved()'s samples; > 1 is
+    autotune faster whatever the unit (ms: lower is faster)."""
+    ratios = [(s / o if unit == "ms" else o / s) for s, o in zip(samples["stock"], samples["autotune"])]
+    return statistics.median(samples["stock"]), statistics.median(samples["autotune"]), (min(ratios), max(ratios))
 
 
 def llama(args):
@@ -222,40 +243,56 @@ def llama(args):
 
     graphed = [] if args.skip_graphs else [("CUDA graph, StaticCache", True), ("CUDA graph, fixed context", False)]
 
-    def graphed_rates():
-        return [graphed_decode_tokens_per_s(model, cfg, batch_prompt, args.decode, static) for _, static in graphed]
+    def use(implementation):  # a callable measuring `measure` on one attention path
+        def on(measure):
+            def sample():
+                model.set_attn_implementation(implementation)
+                return measure()
+            return sample
+        return on
 
+    stock, ours = use("sdpa"), use("autotune")
     with torch.no_grad():
         stock_logits = prefill()
         with math_sdpa():
             yardstick = max_diff(prefill(), stock_logits)
-        stock_ms = cuda_ms(prefill, args.reps, args.warmup)
-        stock_tps = statistics.median(decode_tokens_per_s() for _ in range(3))
-        stock_graphed = graphed_rates()
-        model.set_attn_implementation("autotune")
         fell_back = []
-        with args.capture_context():
+        with args.capture_context():  # only the autotune path's calls reach autotune.attention (and capture)
             before = fallback_total()
+            model.set_attn_implementation("autotune")
             ours_logits = prefill()
-            ours_ms = cuda_ms(prefill, args.reps, args.warmup)
+            prefill_ms = interleaved({"stock": stock(lambda: cuda_ms(prefill, args.reps, args.warmup)),
+                                      "autotune": ours(lambda: cuda_ms(prefill, args.reps, args.warmup))},
+                                     args.rounds)
             fell_back.append(fallback_total() - before)
             before = fallback_total()
-            decode_tokens_per_s()  # warm-up: builds the decode buckets' kernels
-            ours_tps = statistics.median(decode_tokens_per_s() for _ in range(3))
+            stock(decode_tokens_per_s)()  # warm-up (the autotune path's builds the decode buckets' kernels)
+            ours(decode_tokens_per_s)()
+            eager_tps = interleaved({"stock": stock(decode_tokens_per_s), "autotune": ours(decode_tokens_per_s)},
+                                    args.rounds)
             fell_back.append(fallback_total() - before)
-            ours_graphed = []
+            graphed_tps = []
             for _, static in graphed:
-                before = fallback_total()
-                ours_graphed.append(graphed_decode_tokens_per_s(model, cfg, batch_prompt, args.decode, static))
-                fell_back.append(fallback_total() - before)  # calls made eagerly (warm-up) and while capturing
+                # both paths captured first (the graph holds the kernels each path launched), then replayed in turns
+                replays = {}
+                for path, implementation in (("stock", "sdpa"), ("autotune", "autotune")):
+                    model.set_attn_implementation(implementation)
+                    before = fallback_total()
+                    replays[path] = captured_decode(model, cfg, batch_prompt, args.decode, static, args.rounds)
+                    if path == "autotune":
+                        fell_back.append(fallback_total() - before)  # calls made eagerly (warm-up) and captured
+                rate = lambda replay: lambda: replay_tokens_per_s(replay, args.decode_batch, args.decode)  # noqa: E731
+                graphed_tps.append(interleaved({p: rate(r) for p, r in replays.items()}, args.rounds))
+                del replays  # the two captured graphs and their caches
         model.set_attn_implementation("sdpa")
     diff = max_diff(ours_logits, stock_logits)
     name = f"Llama-3-8B-shaped, {args.layers} layers"
     decode = f"{name}: decode B{args.decode_batch} from N{args.decode_prompt}, {args.decode} steps"
-    rows = [(f"{name}: prefill B1 N{args.prompt}", "ms", stock_ms, ours_ms, diff, yardstick, fell_back[0]),
-            (f"{decode}, eager (DynamicCache)", "tokens/s", stock_tps, ours_tps, None, None, fell_back[1])]
-    for (how, _), stock, ours, n in zip(graphed, stock_graphed, ours_graphed, fell_back[2:]):
-        rows.append((f"{decode}, {how}", "tokens/s", stock, ours, None, None, n))
+    rows = [(f"{name}: prefill B1 N{args.prompt}", "ms", *paired(prefill_ms, "ms"), diff, yardstick, fell_back[0]),
+            (f"{decode}, eager (DynamicCache)", "tokens/s", *paired(eager_tps, "tokens/s"), None, None,
+             fell_back[1])]
+    for (how, _), samples, n in zip(graphed, graphed_tps, fell_back[2:]):
+        rows.append((f"{decode}, {how}", "tokens/s", *paired(samples, "tokens/s"), None, None, n))
     return rows
 
 
@@ -273,13 +310,17 @@ def vit(args):
         stock_logits = run()
         with math_sdpa():
             yardstick = max_diff(run(), stock_logits)
-        stock_ms = cuda_ms(run, args.reps, args.warmup)
         before = fallback_total()
-        with autotune.patch_sdpa(), args.capture_context():
-            ours_logits = run()
-            ours_ms = cuda_ms(run, args.reps, args.warmup)
-    per_s = lambda ms: args.vit_batch / ms * 1e3  # noqa: E731
-    return [(f"ViT-L/14 336 px (timm), B{args.vit_batch}", "images/s", per_s(stock_ms), per_s(ours_ms),
+        with args.capture_context():
+            with autotune.patch_sdpa():
+                ours_logits = run()
+
+            def ours():
+                with autotune.patch_sdpa():  # routes timm's F.scaled_dot_product_attention while inside
+                    return cuda_ms(run, args.reps, args.warmup)
+            ms = interleaved({"stock": lambda: cuda_ms(run, args.reps, args.warmup), "autotune": ours}, args.rounds)
+    images_per_s = {path: [args.vit_batch / t * 1e3 for t in times] for path, times in ms.items()}
+    return [(f"ViT-L/14 336 px (timm), B{args.vit_batch}", "images/s", *paired(images_per_s, "images/s"),
              max_diff(ours_logits, stock_logits), yardstick, fallback_total() - before)]
 
 
@@ -292,7 +333,9 @@ def main() -> int:
     p.add_argument("--decode-batch", type=int, default=32)
     p.add_argument("--decode-prompt", type=int, default=4096)
     p.add_argument("--vit-batch", type=int, default=64)
-    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--reps", type=int, default=20, help="timed calls per round and path (prefill, ViT)")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="rounds of stock and autotune measured in turns, the order reversed every other round (5)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--capture", metavar="FILE", default=None)
     p.add_argument("--benchmark-mode", action="store_true")
@@ -316,12 +359,12 @@ def main() -> int:
 
     print(f"\n{torch.cuda.get_device_name()}, torch {torch.__version__}"
           + (", capture on" if args.capture else "") + (", benchmark mode" if args.benchmark_mode else ""))
-    head = ("model", "unit", "stock", "autotune", "autotune/stock", "max |Δ logits|", "stock's own (math SDPA)",
-            "autotune calls that fell back")
+    head = ("model", "unit", "stock", "autotune", "autotune / stock", "one round's autotune / stock",
+            "max |Δ logits|", "stock's own (math SDPA)", "autotune calls that fell back")
     lines = []
-    for label, unit, stock, ours, diff, yard, fell_back in rows:
+    for label, unit, stock, ours, (low, high), diff, yard, fell_back in rows:
         ratio = stock / ours if unit == "ms" else ours / stock  # > 1: autotune is faster
-        lines.append((label, unit, f"{stock:.1f}", f"{ours:.1f}", f"{ratio:.3f}",
+        lines.append((label, unit, f"{stock:.1f}", f"{ours:.1f}", f"{ratio:.3f}", f"{low:.3f}-{high:.3f}",
                       "" if diff is None else f"{diff:.3g}", "" if yard is None else f"{yard:.3g}", str(fell_back)))
     if args.markdown:
         print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))

@@ -92,8 +92,8 @@ def test_a_static_cache_decode_passes_a_prefix_mask_that_runs_on_the_kernel_thro
 def test_a_fixed_context_decode_runs_on_the_kernel_and_holds_what_the_capture_reads(stand_in):
     model, cfg = tiny()
     with torch.no_grad():
-        rate = e2e.graphed_decode_tokens_per_s(model, cfg, prompt(), 3, static=False, repeats=1, graph=eager_graph,
-                                               rate=replays)
+        replay = e2e.captured_decode(model, cfg, prompt(), 3, static=False, repeats=1, graph=eager_graph)
+        rate = replays(replay, 2, 3)
     assert rate == 3.0 and fallback_reasons() == {}
     decode = [c for c in stand_in.calls if c["q"][2] == 1]
     assert len(decode) == 2 * (e2e.GRAPH_WARMUP + 3) and all(c["k"][1] == 2 and c["causal"] is False for c in decode)
@@ -119,3 +119,28 @@ def test_a_capturing_stream_makes_transformers_pass_a_mask_unless_masks_as_eager
 def test_the_cache_argument_is_found_by_name():
     model, _ = tiny("sdpa")
     assert e2e.cache_kwarg(model) in ("past_key_values", "cache")
+
+
+def test_the_two_paths_are_measured_in_turns_with_the_order_reversed_every_other_round():
+    order = []
+    clock = iter(range(100))
+
+    def sample(path):
+        def measure():
+            order.append(path)
+            return next(clock)  # a drift: every sample reads later than the one before
+        return measure
+
+    samples = e2e.interleaved({"stock": sample("stock"), "autotune": sample("autotune")}, rounds=4)
+    assert order == ["stock", "autotune", "autotune", "stock"] * 2
+    assert samples == {"stock": [0, 3, 4, 7], "autotune": [1, 2, 5, 6]}
+    # with the drift the two medians come out alike, where measuring one path after the other would not
+    stock, ours, _ = e2e.paired(samples, "ms")
+    assert stock == ours == 3.5
+
+
+def test_paired_ratios_read_faster_as_above_one_for_times_and_for_rates():
+    times = {"stock": [10.0, 10.0, 12.0], "autotune": [8.0, 10.0, 12.5]}
+    assert e2e.paired(times, "ms") == (10.0, 10.0, (12.0 / 12.5, 10.0 / 8.0))
+    rates = {"stock": [100.0, 100.0], "autotune": [99.0, 102.0]}
+    assert e2e.paired(rates, "tokens/s") == (100.0, 100.5, (0.99, 1.02))
