@@ -7,10 +7,11 @@
 #                                                   against two, persistent against grid): where the 1.5x DRAM
 #                                                   reads of the three-consumer configs come from
 #   bash benchmarks/prefill_checklist.sh peers      carry .fa4b: install FlashAttention-4, then the peers table
-#                                                   (benchmarks/peers_table.py, every row of the issue)
-#   bash benchmarks/prefill_checklist.sh ncu        (FlashAttention-4 installed by `peers` on this host) ours against
-#                                                   FlashAttention-4 and cuDNN under ncu: the d128 rows, the GQA
-#                                                   causal row
+#                                                   (benchmarks/peers_table.py, every row of the issue), then ours
+#                                                   against FlashAttention-4 and cuDNN under ncu on the d128 row and
+#                                                   the GQA causal row (NCU_SHAPES: other shape keys)
+#   bash benchmarks/prefill_checklist.sh ncu        the ncu part alone (FlashAttention-4 installed by `peers` on
+#                                                   this host)
 # Each step has its own time limit so one slow step cannot take the others' share.
 OUT=${OUT:-/tmp/prefill-out}
 source "$(dirname "$0")/checklist_lib.sh"  # OUT made, cd to the checkout, step()
@@ -30,11 +31,12 @@ case "${1:-}" in
     cat /tmp/fa4/cu13part.* .fa4b/cu13part.* > "$whl" \
       && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$whl" .fa4b/*.whl \
       && echo "== FlashAttention-4 installed" || { echo "== FlashAttention-4 not installed (run vit-dram first)"; }
-    PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step peers 480 python3 -u benchmarks/peers_table.py --rep-ms 150 \
-      --out "$OUT/peers" ;;
+    PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step peers 330 python3 -u benchmarks/peers_table.py --rep-ms 150 \
+      --out "$OUT/peers"
+    bash "$0" ncu ;;
   ncu)
-    for shape in b4-h16-n4096-d128-fp16-full b1-h32-kv8-n8192-d128-bf16-causal b4-h16-n4096-d128-fp16-causal; do
-      PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 170 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
+    for shape in ${NCU_SHAPES:-b4-h16-n4096-d128-fp16-full b1-h32-kv8-n8192-d128-bf16-causal}; do
+      PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
   *) echo "usage: $0 vit-dram|peers|ncu" >&2; exit 2 ;;
