@@ -6,6 +6,10 @@
 #                                                   ncu on the ViT shape at N577 and N576 (three consumer warpgroups
 #                                                   against two, persistent against grid): where the 1.5x DRAM
 #                                                   reads of the three-consumer configs come from
+#   bash benchmarks/prefill_checklist.sh tables [BUDGET_S]   a campaign over the shapes real models run
+#                                                   (studies/campaigns/h200-models.toml) merged into a copy of the
+#                                                   shipped table, $OUT/h200.json (and /tmp/h200-merged.json, which
+#                                                   `peers` on the same host then runs with)
 #   bash benchmarks/prefill_checklist.sh peers      carry .fa4b: install FlashAttention-4, then the peers table
 #                                                   (benchmarks/peers_table.py, every row of the issue), then ours
 #                                                   against FlashAttention-4 and cuDNN under ncu on the d128 row and
@@ -26,7 +30,17 @@ case "${1:-}" in
         --ours-only --config "$VIT_CONFIG,consumer_wgs=3,scheduler=persistent" \
         --config "$VIT_CONFIG,consumer_wgs=3,scheduler=grid" --config "$VIT_CONFIG,consumer_wgs=2,scheduler=persistent"
     done ;;
+  tables)
+    db=sqlite:////tmp/prefill-tables.db
+    TAIL=20 step tables_campaign $(( ${2:-170} + 30 )) python3 -m autotune.cli campaign studies/campaigns/h200-models.toml \
+      --budget-s "${2:-170}" --warm-from studies/tuned/h200.json --storage "$db" --markdown "$OUT/tables-campaign.md"
+    cp studies/tuned/h200.json /tmp/h200-merged.json
+    TAIL=5 step tables_export 30 python3 -m autotune.cli export /tmp/h200-merged.json --gpu h200 --storage "$db" --merge
+    cp /tmp/h200-merged.json "$OUT/h200.json" ;;
   peers)
+    if [ -f /tmp/h200-merged.json ]; then  # `tables` ran on this host: its table is what a user would be shipped
+      cp /tmp/h200-merged.json studies/tuned/h200.json && echo "== peers on the table of \`tables\` (this host)"
+    fi
     whl=/tmp/fa4/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
     cat /tmp/fa4/cu13part.* .fa4b/cu13part.* > "$whl" \
       && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$whl" .fa4b/*.whl \
@@ -39,5 +53,5 @@ case "${1:-}" in
       PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
-  *) echo "usage: $0 vit-dram|peers|ncu" >&2; exit 2 ;;
+  *) echo "usage: $0 vit-dram|tables [BUDGET_S]|peers|ncu" >&2; exit 2 ;;
 esac
