@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The prefill issue's GPU checklist on the GPU host (results under $OUT), in steps that each fit one run. The
-# FlashAttention-4 wheels (../shared/fa4-wheels.sh) are too big for one run's carry, so steps 1 and 2 run back to
-# back on the same host (it stays up about 30 s between runs):
-#   bash benchmarks/prefill_checklist.sh vit-dram   carry .fa4a: stage its part in /tmp/fa4; then ours alone under
-#                                                   ncu on the ViT shape at N577 and N576 (three consumer warpgroups
-#                                                   against two, persistent against grid): where the 1.5x DRAM
-#                                                   reads of the three-consumer configs come from
+# FlashAttention-4 wheels (../shared/fa4-wheels.sh) are too big for one run's carry: any step run with .fa4a
+# carried first stages that part in /tmp/fa4, and `peers`, carrying .fa4b, must follow on the same host (it stays
+# up about 30 s between runs).
+#   bash benchmarks/prefill_checklist.sh vit-dram   ours alone under ncu on the ViT shape at N577 and N576 (three
+#                                                   consumer warpgroups against two, persistent against grid): where
+#                                                   the 1.5x DRAM reads of the three-consumer configs come from
 #   bash benchmarks/prefill_checklist.sh tables [BUDGET_S]   a campaign over the shapes real models run
 #                                                   (studies/campaigns/h200-models.toml) merged into a copy of the
 #                                                   shipped table, $OUT/h200.json (and /tmp/h200-merged.json, which
@@ -22,9 +22,9 @@ source "$(dirname "$0")/checklist_lib.sh"  # OUT made, cd to the checkout, step(
 FA4_SITE=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages  # the wheel's .pth is not read from --target
 VIT_CONFIG="wgmma:bc=128,stages=3,setmaxnreg=1,overlap=0,pingpong=0,o_store=smem,min_blocks=1,o_rescale=after"
 VIT_CONFIG="$VIT_CONFIG,kv_splits=1,pack_gqa=0"
+if [ -d .fa4a ]; then mkdir -p /tmp/fa4 && cp .fa4a/* /tmp/fa4/ && echo "== staged .fa4a in /tmp/fa4"; fi
 case "${1:-}" in
   vit-dram)
-    mkdir -p /tmp/fa4 && cp .fa4a/* /tmp/fa4/ && echo "== staged .fa4a in /tmp/fa4"
     for n in 577 576; do
       TAIL=40 step "ncu_vit_n$n" 150 benchmarks/ncu_compare.sh "b64-h16-n$n-d64-bf16-full" "$OUT/ncu-vit-n$n" \
         --ours-only --config "$VIT_CONFIG,consumer_wgs=3,scheduler=persistent" \
@@ -44,7 +44,7 @@ case "${1:-}" in
     whl=/tmp/fa4/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
     cat /tmp/fa4/cu13part.* .fa4b/cu13part.* > "$whl" \
       && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$whl" .fa4b/*.whl \
-      && echo "== FlashAttention-4 installed" || { echo "== FlashAttention-4 not installed (run vit-dram first)"; }
+      && echo "== FlashAttention-4 installed" || { echo "== FlashAttention-4 not installed (no .fa4a staged on this host: a step with .fa4a carried first)"; }
     PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step peers 330 python3 -u benchmarks/peers_table.py --rep-ms 150 \
       --out "$OUT/peers"
     bash "$0" ncu ;;
