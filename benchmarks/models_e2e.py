@@ -184,7 +184,11 @@ def captured_decode(model, cfg, prompt, replays: int, static: bool, repeats: int
     capacity = prompt.shape[1] + GRAPH_WARMUP + 1 + repeats * replays
     step = DecodeStep(model, cfg, prompt, static, capacity)
     with contextlib.nullcontext() if static else masks_as_eager():
-        return graph(step)
+        replay = graph(step)
+
+    def replay_step():  # holds `step`: every replay reads its cache and token buffer, which must outlive the graph
+        return replay() if step is not None else None
+    return replay_step
 
 
 def interleaved(measure: dict, rounds: int) -> dict:

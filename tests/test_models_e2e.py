@@ -144,3 +144,26 @@ def test_paired_ratios_read_faster_as_above_one_for_times_and_for_rates():
     assert e2e.paired(times, "ms") == (10.0, 10.0, (12.0 / 12.5, 10.0 / 8.0))
     rates = {"stock": [100.0, 100.0], "autotune": [99.0, 102.0]}
     assert e2e.paired(rates, "tokens/s") == (100.0, 100.5, (0.99, 1.02))
+
+
+def test_a_captured_decode_keeps_its_step_alive_for_the_replays(stand_in):
+    """A CUDA graph's replay holds the graph, not the tensors it reads: captured_decode's replay must hold the step
+    (its cache and token buffer), else the replays read freed memory (an illegal address on the GPU)."""
+    import gc
+    import weakref
+
+    steps = []
+
+    def graph_holding_nothing(step):  # like torch.cuda.CUDAGraph().replay: no reference to the step
+        eager_graph(step)
+        steps.append(weakref.ref(step))
+        return lambda: None
+
+    model, cfg = tiny()
+    with torch.no_grad():
+        replay = e2e.captured_decode(model, cfg, prompt(), 2, static=True, repeats=1, graph=graph_holding_nothing)
+    gc.collect()
+    assert steps[0]() is not None
+    del replay
+    gc.collect()
+    assert steps[0]() is None
