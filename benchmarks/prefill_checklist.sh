@@ -31,11 +31,16 @@ case "${1:-}" in
         --config "$VIT_CONFIG,consumer_wgs=3,scheduler=grid" --config "$VIT_CONFIG,consumer_wgs=2,scheduler=persistent"
     done ;;
   tables)
-    db=sqlite:////tmp/prefill-tables.db
+    # the storage comes back in $OUT: the shipped finalists file (studies/finalists/h200.json) is written from it
+    db=sqlite:///$OUT/tables.db
     TAIL=20 step tables_campaign $(( ${2:-170} + 30 )) python3 -m autotune.cli campaign studies/campaigns/h200-models.toml \
       --budget-s "${2:-170}" --warm-from studies/tuned/h200.json --storage "$db" --markdown "$OUT/tables-campaign.md"
     cp studies/tuned/h200.json /tmp/h200-merged.json
+    cp studies/finalists/h200.json "$OUT/finalists-h200.json"
     TAIL=5 step tables_export 30 python3 -m autotune.cli export /tmp/h200-merged.json --gpu h200 --storage "$db" --merge
+    TAIL=3 step tables_finalists 30 python3 benchmarks/table_holds.py --write-finalists "$db" --merge \
+      --finalists "$OUT/finalists-h200.json"
+    rm -f "$OUT"/.autotune-*.lock  # the storage's lock files (a run brings back only a few files)
     cp /tmp/h200-merged.json "$OUT/h200.json" ;;
   peers)
     if [ -f /tmp/h200-merged.json ]; then  # `tables` ran on this host: its table is what a user would be shipped

@@ -45,6 +45,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--write-finalists", metavar="STORAGE_URL", default=None,
                    help="write the finalists file from a campaign's storage and exit (no GPU)")
+    p.add_argument("--merge", action="store_true",
+                   help="with --write-finalists: keep the file's shapes whose study the storage has not (a storage "
+                        "that tuned some shapes, as `autotune export --merge`)")
     p.add_argument("--finalists", default=str(DEFAULT_FINALISTS), help="the finalists file (default: %(default)s)")
     p.add_argument("--table", default=str(DEFAULT_TABLE), help="the shipped table (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=table_check.DEFAULT_ROUNDS,
@@ -92,8 +95,14 @@ def main(argv=None) -> int:
         if not items:
             log(f"table_holds: {args.write_finalists} holds no study with a second pass; nothing written")
             return 1
-        path = table_check.write(args.finalists, items, args.write_finalists)
-        log(f"wrote {len(items)} shape(s)' finalists to {path}")
+        source, kept = args.write_finalists, 0
+        if args.merge and Path(args.finalists).exists():
+            before = table_check.read(args.finalists)
+            fresh, items = len(items), table_check.merged(before, items)
+            kept = len(items) - fresh
+            source = f"{args.write_finalists}, merged into {json.loads(Path(args.finalists).read_text())['source']}"
+        path = table_check.write(args.finalists, items, source)
+        log(f"wrote {len(items)} shape(s)' finalists to {path}" + (f" ({kept} kept from the file)" if args.merge else ""))
         return 0
 
     items = table_check.read(args.finalists)

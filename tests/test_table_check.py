@@ -51,6 +51,29 @@ def test_the_finalists_file_round_trips_and_another_file_is_refused_by_name(tmp_
         table_check.read(other)
 
 
+def test_write_finalists_with_merge_keeps_the_files_other_shapes_and_replaces_the_retuned_ones(tmp_path,
+                                                                                                 monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("table_holds", ROOT / "benchmarks" / "table_holds.py")
+    table_holds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table_holds)
+    old = table_check.from_studies([study("s1", [finalist(0, A, 100.0, 90.0)], 0),
+                                    study("s2", [finalist(0, B, 50.0, 51.0)], 0)])
+    path = table_check.write(tmp_path / "f.json", old, "sqlite:///old.db")
+    retuned = table_check.from_studies([study("s2", [finalist(3, C, 60.0, 61.0)], 3),
+                                        study("s3", [finalist(1, A, 70.0, 71.0)], 1)])
+    assert len(retuned) == 2
+    monkeypatch.setattr(table_check, "from_storage", lambda url: retuned)
+    assert table_holds.main(["--write-finalists", "sqlite:///new.db", "--finalists", str(path), "--merge"]) == 0
+    got = table_check.read(path)
+    assert [(f.study, f.shipped) for f in got] == [("s1", A), ("s2", C), ("s3", A)]
+    assert json.loads(path.read_text())["source"] == "sqlite:///new.db, merged into sqlite:///old.db"
+    # without --merge the file is the storage's alone
+    assert table_holds.main(["--write-finalists", "sqlite:///new.db", "--finalists", str(path)]) == 0
+    assert [f.study for f in table_check.read(path)] == ["s2", "s3"]
+
+
 def row(study_name, key, **shape):
     fields = {**SHAPE_ATTRS, **shape}
     fields["seqlen"] = fields.pop("seqlen_q")

@@ -111,6 +111,13 @@ def write(path: str | os.PathLike, items: list[ShapeFinalists], source: str) -> 
     return path
 
 
+def merged(kept: list[ShapeFinalists], new: list[ShapeFinalists]) -> list[ShapeFinalists]:
+    """`new` with those of `kept` (a finalists file's shapes) whose study `new` has not: a storage that tuned some
+    shapes updates the shipped file as `autotune export --merge` updates the table. Sorted by study."""
+    studies = {f.study for f in new}
+    return sorted([*new, *(f for f in kept if f.study not in studies)], key=lambda f: f.study)
+
+
 def read(path: str | os.PathLike) -> list[ShapeFinalists]:
     data = json.loads(Path(path).read_text())
     if data.get("format") != FORMAT or data.get("version") != VERSION:
