@@ -24,7 +24,8 @@ REG_OVERHEAD = {False: 8, True: 32}
 # o_rescale=before keeps the correction factors alive across the loop's back edge; with the persistent loop's state
 # too, d256 causal spilled 64 B at 32: 72 prunes d256 (every Bc) and d128 with Bc >= 176 (traits.cuh kRegOverhead).
 # The persistent overlapped loop at d256 causal spills with o_rescale=after too (4-64 B at Bc 64/80), so it gets the
-# same margin; d128 causal does not (Bc 192 compiles without spill at 32).
+# same margin; d128 causal does not (Bc 192 compiles without spill at 32). So does d256 with softmax_reduce=tree
+# (its partial maxima and sums: the non-causal d256 default, persistent, spilled).
 REG_OVERHEAD_PERSISTENT_TIGHT = 72
 SCHEDULERS = ("grid", "lpt", "persistent")  # AT_SCHEDULER = index; "grid" is the kernel as it was before the axis
 # sm_90's per-block opt-in shared memory and per-SM capacity (traits.cuh's static_asserts use the same figures)
@@ -58,6 +59,10 @@ AXES = (
     Axis("o_rescale", ("after", "before"), "AT_O_RESCALE_BEFORE",
          "overlapped loop: O shrinks by the max correction after P(n-1)·V(n-1) completes, or before it is issued, "
          "under the S(n) GEMM (FA3's order for head_dim > 128)", lambda v: v == "before", default="after"),
+    Axis("softmax_reduce", ("chain", "tree"), "AT_SOFTMAX_TREE",
+         "a tile's row max and row sum: one dependent chain per row, row after row, or four independent partials "
+         "per row with both rows side by side (shorter dependency chains, a few more registers)",
+         lambda v: v == "tree", default="chain"),
     Axis("kv_splits", KV_SPLITS, "AT_KV_SPLITS",
          "CTAs one tile's key range is cut into (grid.z = batch × splits); each writes fp32 partials that a small "
          "combine kernel merges by their logsumexp: fills the SMs when batch × heads × query blocks is small "
@@ -175,7 +180,8 @@ def consumer_registers(consumer_wgs: int) -> int:
 def accumulator_registers(c: Config, p: Problem) -> int:
     """Registers per consumer thread live across a tile: S and O in f32, P as packed 16-bit pairs, + overhead."""
     overhead = REG_OVERHEAD[c.overlap]
-    if c.overlap and c.scheduler == "persistent" and (c.o_rescale == "before" or (p.causal and p.head_dim == 256)):
+    if c.overlap and c.scheduler == "persistent" and (
+            c.o_rescale == "before" or (p.head_dim == 256 and (p.causal or c.softmax_reduce == "tree"))):
         overhead = REG_OVERHEAD_PERSISTENT_TIGHT
     return c.bc // 2 + p.head_dim // 2 + c.bc // 4 + overhead
 

@@ -54,6 +54,11 @@ def sample() -> tuple[dict, list]:
                  64: dict(consumer_wgs=3, bc=128, stages=4)}[p.head_dim]
         valid += [(c, p) for c in (Config.make("wgmma", **shape, **before, scheduler=s) for s in ("grid", "persistent"))
                   if space.is_valid(c, p, ARCH)]
+    # softmax_reduce=tree (a few more live registers in the softmax): every problem's default, and the o_rescale=before
+    # configs above (d256 persistent is the tightest budget)
+    valid += [(c.replace(softmax_reduce="tree"), p) for c, p in list(valid)
+              if space.is_valid(c.replace(softmax_reduce="tree"), p, ARCH)
+              and (c == FAMILY.default(p, ARCH) or c.o_rescale == "before")]
     # the decode axes: each problem's decode default (split-KV with packed GQA heads) and packed heads with O staged
     # in shared memory
     for p in PROBLEMS:
@@ -103,6 +108,7 @@ def test_sample_has_both_verdicts():
     assert {c.o_store for c, _ in valid} == {"direct", "smem"}
     assert {c.scheduler for c, _ in valid} == {"grid", "lpt", "persistent"}
     assert {c.o_rescale for c, _ in valid} == {"after", "before"}
+    assert {c.softmax_reduce for c, _ in valid} == {"chain", "tree"}
     assert {c.pack_gqa for c, _ in valid} == {True, False}
     assert {c.kv_splits > 1 for c, _ in valid} == {True, False}
 

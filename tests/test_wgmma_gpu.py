@@ -69,6 +69,17 @@ LADDER = tuple(Config.make("wgmma", **d) for d in (
          o_rescale="before"),
     dict(consumer_wgs=3, bc=128, stages=4, setmaxnreg=True, overlap=True, pingpong=False, o_store="smem", min_blocks=1,
          o_rescale="before"),
+    # softmax_reduce=tree (four partial maxima and sums per row, masked tiles included): the d128 winner's shape
+    # (persistent, O rescaled after), under ping-pong turns with O rescaled before, three warpgroups without overlap
+    # (d64's), and with packed GQA heads and splits (decode's)
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=False, o_store="smem", min_blocks=1,
+         scheduler="persistent", softmax_reduce="tree"),
+    dict(consumer_wgs=2, bc=112, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="direct", min_blocks=1,
+         o_rescale="before", softmax_reduce="tree"),
+    dict(consumer_wgs=3, bc=112, stages=3, setmaxnreg=False, overlap=False, pingpong=False, o_store="smem",
+         min_blocks=1, scheduler="persistent", softmax_reduce="tree"),
+    dict(consumer_wgs=1, bc=128, stages=3, setmaxnreg=False, overlap=True, pingpong=False, o_store="direct", min_blocks=1,
+         kv_splits=3, pack_gqa=True, softmax_reduce="tree"),
     # the decode axes on prefill shapes too (every split count is in tests/test_decode_gpu.py): packed GQA heads with
     # splits, splits under ping-pong, packed heads across three warpgroups without overlap
     dict(consumer_wgs=1, bc=128, stages=3, setmaxnreg=False, overlap=True, pingpong=False, o_store="direct", min_blocks=1,

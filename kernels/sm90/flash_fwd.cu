@@ -383,13 +383,87 @@ __device__ __forceinline__ bool tile_needs_mask(int n, int wg_diag, int seqlen_k
     return col_end > seqlen_k || (kCausal && col_end - 1 > wg_diag);
 }
 
+// softmax_reduce=tree: the same online softmax with the row reductions cut into kReduceParts independent partial
+// maxima and sums per row, both rows side by side. The chain above is one dependent FMNMX per score and one
+// dependent FADD per probability, row after row: ptxas cannot reorder a chain of float adds (and does not reassociate
+// max), so the first row's Bc/4 maxima issue one per FMNMX latency with nothing beside them, the `wait` stall that
+// ncu shows ours at twice cuDNN's on the short rows (docs/benchmarks.md). Here each row's chains are Bc/16 long and
+// the two rows' shuffles overlap. The maxima are exactly the chain's; the row sums are the same terms added in
+// another order (a rounding difference of a few ulp of fp32).
+constexpr int kReduceParts = 4;  // the combines below take exactly four
+static_assert((kBc / 4) % kReduceParts == 0, "a row's Bc/4 scores per thread split into kReduceParts partials");
+
+template <bool kMask>
+__device__ __forceinline__ void softmax_tile_tree(float (&s)[kSRegs], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                                  float scale_log2, int diag0, int diag1, int col0, int seqlen_k) {
+    const int lane = threadIdx.x % 32;
+    // value v = 2j + e of row h is s[4j + 2h + e] (the accumulator layout above); partial v % kReduceParts
+    if constexpr (kMask) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            int col_limit = seqlen_k;
+            if constexpr (kCausal) col_limit = min(col_limit, (h == 0 ? diag0 : diag1) + 1);
+#pragma unroll
+            for (int j = 0; j < kBc / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (col0 + 8 * j + 2 * (lane % 4) + e >= col_limit) s[4 * j + 2 * h + e] = -CUDART_INF_F;
+        }
+    }
+    float part[2][kReduceParts];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int v = 0; v < kReduceParts; ++v) part[h][v] = s[4 * (v / 2) + 2 * h + v % 2];
+#pragma unroll
+    for (int v = kReduceParts; v < kBc / 4; ++v)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            part[h][v % kReduceParts] = fmaxf(part[h][v % kReduceParts], s[4 * (v / 2) + 2 * h + v % 2]);
+    float mx[2], base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) mx[h] = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3]));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float m_new = fmaxf(m[h], mx[h] * scale_log2);
+        base[h] = m_new == -CUDART_INF_F ? 0.f : m_new;  // as in softmax_tile: no -inf - -inf
+        corr[h] = fast_exp2(m[h] - base[h]);
+        m[h] = m_new;
+    }
+#pragma unroll
+    for (int v = 0; v < kBc / 4; ++v)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float& x = s[4 * (v / 2) + 2 * h + v % 2];
+            x = fast_exp2(fmaf(x, scale_log2, -base[h]));
+            if (v < kReduceParts)
+                part[h][v] = x;
+            else
+                part[h][v % kReduceParts] += x;
+        }
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+        l[h] = l[h] * corr[h] + ((part[h][0] + part[h][1]) + (part[h][2] + part[h][3]));
+}
+
 __device__ __forceinline__ void softmax_any(bool mask, float (&s)[kSRegs], float (&m)[2], float (&l)[2],
                                             float (&corr)[2], float scale_log2, int diag0, int diag1, int col0,
                                             int seqlen_k) {
-    if (mask)
-        softmax_tile<true>(s, m, l, corr, scale_log2, diag0, diag1, col0, seqlen_k);
-    else
-        softmax_tile<false>(s, m, l, corr, scale_log2, diag0, diag1, col0, seqlen_k);
+    if constexpr (kSoftmaxTree) {
+        if (mask)
+            softmax_tile_tree<true>(s, m, l, corr, scale_log2, diag0, diag1, col0, seqlen_k);
+        else
+            softmax_tile_tree<false>(s, m, l, corr, scale_log2, diag0, diag1, col0, seqlen_k);
+    } else {
+        if (mask)
+            softmax_tile<true>(s, m, l, corr, scale_log2, diag0, diag1, col0, seqlen_k);
+        else
+            softmax_tile<false>(s, m, l, corr, scale_log2, diag0, diag1, col0, seqlen_k);
+    }
 }
 
 // Which query row and head a local row of a warpgroup's tile is (packed GQA: row r is query row r / G of head
