@@ -142,21 +142,34 @@ def _sections(batch: int, heads: int, kv_heads: int, seqlen_k: int, head_dim: in
     return min(max(1, kv_fit) * (heads // kv_heads), batch * heads)
 
 
+def persistent_units(cta: int, ctas: int, units: int) -> list[int]:
+    """The work units persistent CTA `cta` of `ctas` takes, in order (flash_fwd.cu: Cursor::next): in round k the
+    unit k·ctas + (cta + k) mod ctas, while it is below `units` (only the last round can run out: the kernel stops
+    there). Each round is one contiguous stretch of the order; a CTA's place in it turns by one per round."""
+    out = []
+    for k in range(-(-units // ctas)):
+        u = k * ctas + (cta + k) % ctas
+        if u >= units:
+            break
+        out.append(u)
+    return out
+
+
 def persistent_tiles(cta: int, ctas: int, batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int,
                      head_dim: int, rows: int, causal: bool) -> list[tuple[int, int, int]]:
     """(query block, head, batch) of the tiles persistent CTA `cta` of `ctas` runs, in order (flash_fwd.cu:
-    num_units/unit_block): units u = cta, cta + ctas, ...; a unit is one tile of tile_order, or when causal with
+    num_units/unit_block): the units of persistent_units; a unit is one tile of tile_order, or when causal with
     more tiles than CTAs the pair of blocks (num_m - 1 - j, j) of one head, longest first, ordered like tile_order
     with j for the block."""
     order = tile_order(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, rows, causal)
     if not causal or len(order) <= ctas:
-        return [order[u] for u in range(cta, len(order), ctas)]
+        return [order[u] for u in persistent_units(cta, ctas, len(order))]
     num_m = -(-seqlen_q // rows)
     num_j = (num_m + 1) // 2
     pairs = batch * heads
     group = _sections(batch, heads, kv_heads, seqlen_k, head_dim)
     out = []
-    for u in range(cta, num_j * pairs, ctas):
+    for u in persistent_units(cta, ctas, num_j * pairs):
         section, r = divmod(u, group * num_j)
         first = section * group
         j, k = divmod(r, min(group, pairs - first))

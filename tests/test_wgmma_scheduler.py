@@ -102,6 +102,33 @@ def test_persistent_causal_pairs_balance_work(batch, heads, kv_heads, seqlen, he
     assert max(per_cta) <= 1.15 * sum(per_cta) / ctas + pair
 
 
+@pytest.mark.parametrize("ctas,units", [(132, 4096), (132, 768), (7, 50), (5, 5), (1, 9), (132, 131)])
+def test_each_persistent_round_is_one_stretch_of_the_order_and_a_ctas_place_turns(ctas, units):
+    seqs = [wg.persistent_units(c, ctas, units) for c in range(ctas)]
+    assert sorted(u for s in seqs for u in s) == list(range(units))  # every unit once
+    for k in range(-(-units // ctas)):  # round k: the units k·ctas .. (k+1)·ctas - 1, one per CTA
+        assert sorted(s[k] for s in seqs if len(s) > k) == list(range(k * ctas, min(units, (k + 1) * ctas)))
+    if ctas > 1 and units >= 2 * ctas:
+        assert [u % ctas for u in seqs[0][:3]] == [0, 1, 2]  # not the same place (query block) every round
+
+
+def test_persistent_ctas_share_the_vit_rows_short_block_instead_of_one_ctas_in_four_taking_all():
+    # B64 H16 N577, Br 192: 4 query blocks per head, the last of 1 row; 132 CTAs = 33 × 4. A plain stride gave each
+    # CTA one block of every head, so 33 CTAs did all the 1-row blocks and the other 99 all the full ones.
+    batch, heads, seqlen, rows, ctas = 64, 16, 577, 192, 132
+    num_m = -(-seqlen // rows)
+
+    def cost(tile):  # warpgroups with rows (the idle ones only walk the ring)
+        return -(-min(rows, seqlen - tile[0] * rows) // 64)
+
+    per_cta = [[cost(t) for t in wg.persistent_tiles(c, ctas, batch, heads, heads, seqlen, seqlen, 64, rows, False)]
+               for c in range(ctas)]
+    assert all({t[0] for t in wg.persistent_tiles(c, ctas, batch, heads, heads, seqlen, seqlen, 64, rows, False)}
+               == set(range(num_m)) for c in range(ctas))  # every CTA meets every query block
+    mean = sum(map(sum, per_cta)) / ctas
+    assert max(map(sum, per_cta)) <= mean + 3  # within one tile of the mean (a plain stride: 93 against 82.5)
+
+
 def test_layout_grid_per_scheduler():
     base = Config.from_key(OLD_KEY)
     problem = Problem(128, "fp16", False)
@@ -125,7 +152,7 @@ def test_persistent_has_one_more_barrier():
 
 
 # the decode axes came later still: a key without them reads as one split, heads unpacked (the kernel as it was)
-DECODE_DEFAULTS = ",kv_splits=1,pack_gqa=0"
+DECODE_DEFAULTS = ",softmax_reduce=chain,kv_splits=1,pack_gqa=0"  # the axes added after scheduler and o_rescale
 
 
 def test_keys_from_before_the_axis_mean_grid():
@@ -175,6 +202,12 @@ def test_a_landscape_key_out_of_order_is_still_refused():
     assert landscape.upgrade_key(OLD_KEY) == OLD_KEY + ",scheduler=grid,o_rescale=after" + DECODE_DEFAULTS
     shuffled = "wgmma:bc=128,consumer_wgs=2,stages=3,setmaxnreg=1,overlap=1,pingpong=0,o_store=smem,min_blocks=1"
     assert landscape.upgrade_key(shuffled) == shuffled  # left for validate() to reject
+    # a key from between the decode axes and softmax_reduce: the newer axis goes in its place, not at the end
+    decode_era = OLD_KEY + ",scheduler=persistent,o_rescale=before,kv_splits=4,pack_gqa=1"
+    assert landscape.upgrade_key(decode_era) == (OLD_KEY + ",scheduler=persistent,o_rescale=before,"
+                                                 "softmax_reduce=chain,kv_splits=4,pack_gqa=1")
+    assert landscape.upgrade_key(decode_era.replace(",kv_splits=4,pack_gqa=1", ",pack_gqa=1,kv_splits=4")) \
+        == decode_era.replace(",kv_splits=4,pack_gqa=1", ",pack_gqa=1,kv_splits=4")  # out of order: as it is
 
 
 def test_persistent_pairs_only_when_tiles_outnumber_ctas():

@@ -229,13 +229,18 @@ def dumps(landscape: Landscape) -> str:
 
 def upgrade_key(key: str) -> str:
     """A key recorded before an axis was added (space.Axis.default) names the config whose new axes are at their
-    defaults: today's key is the old one with those axes appended. Anything else is returned as it is (and
-    validate() judges it)."""
+    defaults: today's key is the old one with those axes put in their places (appended, or between older ones, as
+    softmax_reduce before kv_splits). Anything else, e.g. a key whose axes are out of order, is returned as it is
+    (and validate() judges it)."""
     try:
         current = Config.from_key(key).key
     except (KeyError, ValueError):
         return key
-    return current if current.startswith(key + ",") else key
+    family, _, given = key.partition(":")
+    today = current.partition(":")[2].split(",")
+    given_pairs = given.split(",")
+    named = {pair.split("=")[0] for pair in given_pairs}
+    return current if [pair for pair in today if pair.split("=")[0] in named] == given_pairs else key
 
 
 def loads(text: str, source: str = "<string>") -> Landscape:

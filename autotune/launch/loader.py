@@ -29,7 +29,7 @@ from .params import FlashFwdParams, InputShape, make_params
 
 MAX_GRID_YZ = 65535
 MAX_GRID_X = 2**31 - 1
-MAX_PERSISTENT_TILES = 2**29  # flash_fwd.cu's Cursor: (units + CTAs) << 2 fits 32 bits
+MAX_PERSISTENT_TILES = 2**29  # flash_fwd.cu's Cursor: (units + 2 CTAs) << 2 fits 32 bits
 
 
 class CudaError(RuntimeError):
@@ -447,7 +447,7 @@ class KernelRunner:
         gx, gy, gz = self.layout.grid(shape.batch, shape.heads, shape.seqlen_q, resident, shape.kv_heads)
         if self.layout.scheduler != "grid":
             tiles = -(-shape.seqlen_q // self.layout.rows_per_block) * shape.heads * shape.batch
-            # lpt: blockIdx.x is the tile; persistent: the kernel's cursor keeps unit + CTAs in 30 bits
+            # lpt: blockIdx.x is the tile; persistent: the kernel's cursor keeps unit + 2 CTAs in 30 bits
             limit = MAX_GRID_X if self.layout.scheduler == "lpt" else MAX_PERSISTENT_TILES
             if tiles > limit:
                 raise ValueError(f"q: {tiles} tiles of {self.layout.rows_per_block} query rows exceed {limit} for "

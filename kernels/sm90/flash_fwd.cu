@@ -139,11 +139,17 @@ __device__ __forceinline__ Tile tile_at(const FlashFwdParams& p, const TileOrder
     return tile;
 }
 
-// Persistent CTAs stride through work units: u = blockIdx.x, + gridDim.x, ... A unit is one tile, except under
-// causal masking with more tiles than CTAs, where it is the pair of query blocks (num_m - 1 - j, j) of one head: a
-// pair walks about (num_m + 1)·Br/Bc key tiles whatever j, so a static stride shares the work out evenly (the lone
-// middle block when num_m is odd, half a unit, comes last in its section). Sections and heads as in tile_at, j for
-// the block. (With no more tiles than CTAs every CTA gets one tile, and pairing would only serialise two.)
+// Persistent CTAs walk the work units in rounds of gridDim.x: in round k CTA i takes unit k·gridDim.x + (i + k) mod
+// gridDim.x, so every round is one contiguous stretch of the order (the K/V reuse the order was made for) and a CTA's
+// place in the round turns by one each round. A plain stride (unit i + k·gridDim.x) gave CTA i the same query block
+// of every head whenever gridDim.x is a multiple of num_m (132 SMs, num_m 3, 4, 22, ...): the CTAs holding a short
+// last block (the ViT's N577 with Br 192: 1 row) finished early, ran ahead through the heads and read their K/V a
+// second time from DRAM (ncu: 1.5× the bytes), while the rest did all the long blocks. A unit is one tile, except
+// under causal masking with more tiles than CTAs, where it is the pair of query blocks (num_m - 1 - j, j) of one
+// head: a pair walks about (num_m + 1)·Br/Bc key tiles whatever j, so the units cost alike (the lone middle block
+// when num_m is odd, half a unit, comes last in its section). Sections and heads as in tile_at, j for the block.
+// (With no more tiles than CTAs every CTA gets one tile, and pairing would only serialise two.) space/wgmma.py:
+// persistent_tiles is the twin.
 __device__ __forceinline__ bool pairs_blocks(const TileOrder& o) {
     return kCausal && o.tiles > static_cast<int>(gridDim.x);
 }
@@ -159,8 +165,8 @@ __device__ __forceinline__ uint32_t q_slot_of(uint32_t q_seq) { return kQBuffers
 __device__ __forceinline__ uint32_t q_parity_of(uint32_t q_seq) { return kQBuffers == 2 ? (q_seq >> 1) & 1 : q_seq & 1; }
 
 // A persistent CTA's place in its sequence, in one register: unit << kLow | block of the unit << (kLow - 1) | Q
-// sequence (tiles done mod 2, or mod 4 with two Q slots). The host keeps units + CTAs below 2^30 (autotune.loader);
-// with two Q slots the unit has one bit less, so for_each_tile traps above 2^29.
+// sequence (tiles done mod 2, or mod 4 with two Q slots). The host keeps units + 2 CTAs below 2^30 (autotune.loader:
+// tiles up to 2^29); with two Q slots the unit has one bit less, so for_each_tile traps above 2^29.
 struct Cursor {
     static constexpr int kLow = kQBuffers == 2 ? 3 : 2;
     uint32_t bits;
@@ -168,12 +174,16 @@ struct Cursor {
     __device__ int block() const { return static_cast<int>((bits >> (kLow - 1)) & 1); }
     __device__ uint32_t q_seq() const { return bits & kQSeqMask; }
     __device__ void tile_done() { bits = (bits & ~kQSeqMask) | ((bits + 1) & kQSeqMask); }
-    // The unit's second block (pairs), else the next unit of this CTA.
+    // The unit's second block (pairs), else this CTA's unit of the next round: unit u = k·ctas + r with
+    // r = (cta + k) mod ctas is followed by (k + 1)·ctas + (r + 1) mod ctas.
     __device__ void next(bool pairs, uint32_t ctas) {
-        if (pairs && block() == 0)
+        if (pairs && block() == 0) {
             bits |= 1u << (kLow - 1);
-        else
-            bits = ((bits >> kLow) + ctas) << kLow | (bits & kQSeqMask);
+        } else {
+            const uint32_t u = bits >> kLow;
+            const uint32_t r = u % ctas;
+            bits = (u - r + ctas + (r + 1 == ctas ? 0u : r + 1)) << kLow | (bits & kQSeqMask);
+        }
     }
 };
 
@@ -206,7 +216,8 @@ __device__ __forceinline__ int unit_block(const FlashFwdParams& p, const TileOrd
 template <class Run>
 __device__ __forceinline__ void for_each_tile(const FlashFwdParams& p, Run&& run) {
     if constexpr (kQBuffers == 2) {
-        if (num_units(p, tile_order(p)) + gridDim.x >= (1u << 29)) __trap();  // the Cursor's unit field (above)
+        // the Cursor's unit field (above): the last unit it computes is below units + 2 CTAs (Cursor::next)
+        if (num_units(p, tile_order(p)) + 2 * gridDim.x >= (1u << 29)) __trap();
     }
     for (Cursor c{blockIdx.x << Cursor::kLow};;) {
         const TileOrder order = tile_order(p);
