@@ -14,10 +14,11 @@
 #                                                   (benchmarks/peers_table.py, every row of the issue), then ours
 #                                                   against FlashAttention-4 and cuDNN under ncu on the d128 row and
 #                                                   the GQA causal row (NCU_SHAPES: other shape keys)
-#   bash benchmarks/prefill_checklist.sh tree       the softmax_reduce axis: the wgmma GPU matrix (tests/test_wgmma_gpu.py,
-#                                                   four tree configs among its ladder), then the A/B of chain against
-#                                                   tree (benchmarks/kernel_ab.py, before = main before the axis;
-#                                                   docs/benchmarks.md "Lever: the softmax's row reductions")
+#   bash benchmarks/prefill_checklist.sh levers     the 2026-12-03 kernel changes (persistent rounds that turn, the
+#                                                   softmax_reduce axis): the wgmma GPU matrix (tests/test_wgmma_gpu.py),
+#                                                   then benchmarks/kernel_ab.py against main before both (9c18ec9,
+#                                                   carried as .ab/9c18ec9): chain rows = the rounds alone, tree rows =
+#                                                   both (docs/benchmarks.md, the two sections of that day)
 #   bash benchmarks/prefill_checklist.sh ncu        the ncu part alone (FlashAttention-4 installed by `peers` on
 #                                                   this host)
 # Each step has its own time limit so one slow step cannot take the others' share.
@@ -57,7 +58,7 @@ case "${1:-}" in
     PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step peers 330 python3 -u benchmarks/peers_table.py --rep-ms 150 \
       --out "$OUT/peers"
     bash "$0" ncu ;;
-  tree)
+  levers)
     # the matrix's kernels built once in one process (under -n 8 every xdist worker would build the whole plan)
     TAIL=4 step prebuild 200 python3 -c "
 import os, sys; sys.path.insert(0, 'tests')
@@ -67,14 +68,15 @@ items = list(dict.fromkeys([(c, p) for p, c in w.PLAN]))
 res = Builder(space.get_arch('sm_90'), cache_dir=os.environ['AUTOTUNE_TEST_CACHE_DIR'], jobs=os.cpu_count()).build(items)
 print(len(res), 'builds,', sum(not r.ok or r.spilled for r in res), 'failed or spilled')"
     TAIL=8 step wgmma_tests 220 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_wgmma_gpu.py --maxfail=30
-    # before = main just before the axis, carried as .ab/9c18ec9 (git-ignored; the host has no git history):
+    # before = main before both changes, carried as .ab/9c18ec9 (git-ignored; the host has no git history):
     #   mkdir -p .ab/9c18ec9 && git archive 9c18ec9 kernels | tar -x -C .ab/9c18ec9
-    [ -d .ab/9c18ec9/kernels ] || { echo "== tree_ab: .ab/9c18ec9/kernels not carried"; exit 1; }
-    W=wgmma:setmaxnreg=1,o_store=smem,min_blocks=1,kv_splits=1,pack_gqa=0
-    A=$W,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=0,scheduler=persistent,o_rescale=after
-    B=$W,consumer_wgs=3,bc=128,stages=4,overlap=0,pingpong=0,scheduler=persistent,o_rescale=after
-    TAIL=60 step tree_ab 280 python3 -u benchmarks/kernel_ab.py --before .ab/9c18ec9/kernels --out "$OUT/ab-tree" \
-      --shape b4-h16-n4096-d128-fp16-full --shape b1-h64-n1024-d128-fp16-full --shape b64-h16-n577-d64-bf16-full \
+    [ -d .ab/9c18ec9/kernels ] || { echo "== levers_ab: .ab/9c18ec9/kernels not carried"; exit 1; }
+    W=wgmma:setmaxnreg=1,o_store=smem,min_blocks=1,scheduler=persistent,o_rescale=after,kv_splits=1,pack_gqa=0
+    A=$W,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=0   # d128 N1024's shipped config
+    B=$W,consumer_wgs=3,bc=128,stages=4,overlap=0,pingpong=0   # the ViT's 50-trial winner (d64 only)
+    TAIL=80 step levers_ab 300 python3 -u benchmarks/kernel_ab.py --before .ab/9c18ec9/kernels --out "$OUT/ab-levers" \
+      --shape b64-h16-n577-d64-bf16-full --shape b16-h16-n512-d64-fp16-full --shape b4-h32-n4096-d64-fp16-full \
+      --shape b1-h64-n1024-d128-fp16-full --shape b4-h16-n4096-d128-fp16-full \
       --config "$A,softmax_reduce=chain" --config "$A,softmax_reduce=tree" \
       --config "$B,softmax_reduce=chain" --config "$B,softmax_reduce=tree" ;;
   ncu)
@@ -82,5 +84,5 @@ print(len(res), 'builds,', sum(not r.ok or r.spilled for r in res), 'failed or s
       PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
-  *) echo "usage: $0 vit-dram|tables [BUDGET_S]|peers|ncu|tree" >&2; exit 2 ;;
+  *) echo "usage: $0 vit-dram|tables [BUDGET_S]|peers|ncu|levers" >&2; exit 2 ;;
 esac
