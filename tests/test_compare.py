@@ -89,7 +89,8 @@ def test_comparison_numbers_follow_from_the_runs(landscape):
     expected = sorted((run.best_after(5) or 0) / r.optimum for run in brute.runs)
     assert brute.best_at[5].median == pytest.approx(sum(expected) / 2)
     assert brute.best_at[2].median <= brute.best_at[5].median
-    assert brute.curve_median[-1] == pytest.approx(1.0)
+    # each run stops once it is within the top threshold of the optimum (simulate's stop_fraction), not at it
+    assert max(compare.THRESHOLDS) <= brute.curve_median[-1] <= 1.0
     text = compare_report.markdown(c)
     assert "best in 2 trials, % of optimum | best in 5 trials, % of optimum" in text
     with pytest.raises(ValueError, match="--best-at"):
