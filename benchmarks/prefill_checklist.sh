@@ -4,12 +4,15 @@
 # carried first stages that part in /tmp/fa4, and `peers`, carrying .fa4b, must follow on the same host (it stays
 # up about 30 s between runs).
 #   bash benchmarks/prefill_checklist.sh vit-dram   ours alone under ncu on the ViT shape at N577 and N576 (three
-#                                                   consumer warpgroups against two, persistent against grid): where
-#                                                   the 1.5x DRAM reads of the three-consumer configs come from
+#                                                   consumer warpgroups against two, persistent against grid): the
+#                                                   check of the 1.5x DRAM reads' explanation (persistent CTAs held one
+#                                                   query block each): with the rounds, cw3 persistent at N577 should
+#                                                   read what cw2 and grid read
 #   bash benchmarks/prefill_checklist.sh tables [BUDGET_S]   a campaign over the shapes real models run
 #                                                   (studies/campaigns/h200-models.toml) merged into a copy of the
 #                                                   shipped table, $OUT/h200.json (and /tmp/h200-merged.json, which
-#                                                   `peers` on the same host then runs with)
+#                                                   `peers` on the same host then runs with), with its finalists merged
+#                                                   into $OUT/finalists-h200.json and its storage, $OUT/tables.db
 #   bash benchmarks/prefill_checklist.sh peers      carry .fa4b: install FlashAttention-4, then the peers table
 #                                                   (benchmarks/peers_table.py, every row of the issue), then ours
 #                                                   against FlashAttention-4 and cuDNN under ncu on the d128 row and
