@@ -11,3 +11,13 @@ step() {  # step NAME SECONDS CMD...: run, keep the log, print its tail
   echo "== $name: rc $rc, $((SECONDS - t0)) s"
   tail -n "${TAIL:-45}" "$OUT/$name.log"
 }
+prebuild_plans() {  # prebuild_plans MODULE...: the kernels of the named tests/ modules' PLANs, built once in one
+  # process (under -n 8 every xdist worker would build a whole plan at once, eight ninja runs over one cache)
+  TAIL=4 step prebuild 200 python3 -c "
+import os, sys; sys.path.insert(0, 'tests')
+import importlib, space
+from autotune.build.builder import Builder
+items = list(dict.fromkeys((c, p) for m in sys.argv[1:] for p, c in importlib.import_module(m).PLAN))
+res = Builder(space.get_arch('sm_90'), cache_dir=os.environ['AUTOTUNE_TEST_CACHE_DIR'], jobs=os.cpu_count()).build(items)
+print(len(res), 'builds,', sum(not r.ok or r.spilled for r in res), 'failed or spilled')" "$@"
+}

@@ -21,15 +21,7 @@ case "${1:-}" in
     step decode_sweep 240 python3 benchmarks/decode_table.py --sweep --copy --out "$OUT/decode"
     cp "$OUT/decode/decode-rows.json" /tmp/decode-rows.json 2>/dev/null ;;
   tests)
-    # Build both matrices' kernels once, in one process: under -n 8 every xdist worker would build the whole plan
-    # at once (eight ninja runs racing over the same cache entries).
-    TAIL=4 step prebuild 200 python3 -c "
-import os, sys; sys.path.insert(0, 'tests')
-import test_decode_gpu as d, test_wgmma_gpu as w, space
-from autotune.build.builder import Builder
-items = list(dict.fromkeys([(c, p) for p, c in d.PLAN + w.PLAN]))
-res = Builder(space.get_arch('sm_90'), cache_dir=os.environ['AUTOTUNE_TEST_CACHE_DIR'], jobs=os.cpu_count()).build(items)
-print(len(res), 'builds,', sum(not r.ok or r.spilled for r in res), 'failed or spilled')"
+    prebuild_plans test_decode_gpu test_wgmma_gpu
     TAIL=6 step decode_tests 150 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_decode_gpu.py --maxfail=30
     TAIL=8 step wgmma_tests 220 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_wgmma_gpu.py --maxfail=30
     TAIL=8 step kernel_tests 150 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_kernel_gpu.py --maxfail=30 ;;

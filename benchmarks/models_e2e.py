@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import statistics
 import sys
 from pathlib import Path
@@ -186,8 +187,9 @@ def captured_decode(model, cfg, prompt, replays: int, static: bool, repeats: int
     with contextlib.nullcontext() if static else masks_as_eager():
         replay = graph(step)
 
-    def replay_step():  # holds `step`: every replay reads its cache and token buffer, which must outlive the graph
-        return replay() if step is not None else None
+    def replay_step():
+        replay()
+    replay_step.step = step  # every replay reads the step's cache and token buffer: they live as long as this
     return replay_step
 
 
@@ -247,15 +249,13 @@ def llama(args):
 
     graphed = [] if args.skip_graphs else [("CUDA graph, StaticCache", True), ("CUDA graph, fixed context", False)]
 
-    def use(implementation):  # a callable measuring `measure` on one attention path
-        def on(measure):
-            def sample():
-                model.set_attn_implementation(implementation)
-                return measure()
-            return sample
-        return on
+    def on(implementation, measure):  # measure() on one attention path
+        def sample():
+            model.set_attn_implementation(implementation)
+            return measure()
+        return sample
 
-    stock, ours = use("sdpa"), use("autotune")
+    stock, ours = functools.partial(on, "sdpa"), functools.partial(on, "autotune")
     with torch.no_grad():
         stock_logits = prefill()
         with math_sdpa():

@@ -62,14 +62,7 @@ case "${1:-}" in
       --out "$OUT/peers"
     bash "$0" ncu ;;
   levers)
-    # the matrix's kernels built once in one process (under -n 8 every xdist worker would build the whole plan)
-    TAIL=4 step prebuild 200 python3 -c "
-import os, sys; sys.path.insert(0, 'tests')
-import test_wgmma_gpu as w, space
-from autotune.build.builder import Builder
-items = list(dict.fromkeys([(c, p) for p, c in w.PLAN]))
-res = Builder(space.get_arch('sm_90'), cache_dir=os.environ['AUTOTUNE_TEST_CACHE_DIR'], jobs=os.cpu_count()).build(items)
-print(len(res), 'builds,', sum(not r.ok or r.spilled for r in res), 'failed or spilled')"
+    prebuild_plans test_wgmma_gpu
     TAIL=8 step wgmma_tests 220 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_wgmma_gpu.py --maxfail=30
     # before = main before both changes, carried as .ab/9c18ec9 (git-ignored; the host has no git history):
     #   mkdir -p .ab/9c18ec9 && git archive 9c18ec9 kernels | tar -x -C .ab/9c18ec9

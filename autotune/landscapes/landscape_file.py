@@ -236,7 +236,7 @@ def upgrade_key(key: str) -> str:
         current = Config.from_key(key).key
     except (KeyError, ValueError):
         return key
-    family, _, given = key.partition(":")
+    given = key.partition(":")[2]
     today = current.partition(":")[2].split(",")
     given_pairs = given.split(",")
     named = {pair.split("=")[0] for pair in given_pairs}
