@@ -53,9 +53,10 @@ METRIC_ARG_EXPLICIT = ",".join([m for _, m in METRICS] + [f"{STALL_PREFIX}{r}{ST
 
 
 def profile(shape_key: str, ours_only: bool = False, peers: tuple[str, ...] = ("fa4",),
-            configs: tuple[str, ...] = ()) -> None:
-    """Profiled, in order: autotune.attention, each of `configs` (config keys, run through the loader), then the
-    peers (fa4: FlashAttention-4; cudnn / flash: SDPA's backend, enable_gqa where K/V heads are grouped)."""
+            configs: tuple[str, ...] = (), configs_only: bool = False) -> None:
+    """Profiled, in order: autotune.attention (left out with `configs_only`), each of `configs` (config keys, run
+    through the loader), then the peers (fa4: FlashAttention-4; cudnn / flash: SDPA's backend, enable_gqa where
+    K/V heads are grouped)."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -71,7 +72,9 @@ def profile(shape_key: str, ours_only: bool = False, peers: tuple[str, ...] = ("
     q, k, v = make_inputs(shape, "bhnd", seed=1)
     qn, kn, vn = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     gqa = shape.heads != shape.kv_heads
-    calls = [lambda: autotune.attention(q, k, v, causal=shape.causal)]
+    if configs_only and not configs:
+        raise SystemExit("--configs-only: expected at least one --config")
+    calls = [] if configs_only else [lambda: autotune.attention(q, k, v, causal=shape.causal)]
     if configs:
         builder = runtime_builder(space.get_arch("sm_90"))
         for result in builder.build([(space.Config.from_key(key), shape.problem) for key in configs]):
@@ -166,13 +169,16 @@ def main(argv=None) -> int:
     p.add_argument("--ours-only", action="store_true", help="profile only our kernel (FlashAttention-4 not needed)")
     p.add_argument("--peers", default="fa4", help="comma-separated peers to profile: fa4, cudnn, flash")
     p.add_argument("--config", action="append", default=[], help="also this config key, through the loader")
+    p.add_argument("--configs-only", action="store_true",
+                   help="profile the --config kernels without autotune.attention's own choice")
     t = sub.add_parser("table")
     t.add_argument("raw_csv", type=Path)
     m = sub.add_parser("metrics", help="print the --metrics argument for ncu")
     m.add_argument("--explicit", action="store_true", help="list the stall reasons instead of a regex")
     args = ap.parse_args(argv)
     if args.cmd == "profile":
-        profile(args.shape, args.ours_only, tuple(x for x in args.peers.split(",") if x), tuple(args.config))
+        profile(args.shape, args.ours_only, tuple(x for x in args.peers.split(",") if x), tuple(args.config),
+                args.configs_only)
     elif args.cmd == "table":
         print(table(args.raw_csv))
     else:

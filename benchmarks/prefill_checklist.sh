@@ -22,6 +22,11 @@
 #                                                   then benchmarks/kernel_ab.py against main before both (9c18ec9,
 #                                                   carried as .ab/9c18ec9): chain rows = the rounds alone, tree rows =
 #                                                   both (docs/benchmarks.md, the two sections of that day)
+#   bash benchmarks/prefill_checklist.sh stalls     where the d128 hot loop waits: per-instruction stall sampling
+#                                                   (benchmarks/ncu_source.sh) of the chain and tree softmax on
+#                                                   B4 H16 N4096 d128 fp16, then the rounds' A/B again with six
+#                                                   alternations and a grid config beside it as the control (the
+#                                                   walk cannot move a grid kernel: its change is the method's noise)
 #   bash benchmarks/prefill_checklist.sh ncu        the ncu part alone (FlashAttention-4 installed by `peers` on
 #                                                   this host)
 # Each step has its own time limit so one slow step cannot take the others' share.
@@ -75,10 +80,24 @@ case "${1:-}" in
       --shape b1-h64-n1024-d128-fp16-full --shape b4-h16-n4096-d128-fp16-full \
       --config "$A,softmax_reduce=chain" --config "$A,softmax_reduce=tree" \
       --config "$B,softmax_reduce=chain" --config "$B,softmax_reduce=tree" ;;
+  stalls)
+    W=wgmma:consumer_wgs=2,bc=128,setmaxnreg=1,overlap=1,o_store=smem,min_blocks=1,kv_splits=1,pack_gqa=0
+    A=$W,stages=2,pingpong=0,scheduler=persistent,o_rescale=after        # the d128 N4096 fp16 row's
+    for sr in chain tree; do
+      NCU_CONFIG="$A,softmax_reduce=$sr" NCU_LABEL=$sr TAIL=3 step "ncu_source_$sr" 150 \
+        benchmarks/ncu_source.sh "$OUT/stalls" b4-h16-n4096-d128-fp16-full
+    done
+    rm -f "$OUT"/stalls/*.ncu-rep
+    [ -d .ab/9c18ec9/kernels ] || { echo "== walk_ab: .ab/9c18ec9/kernels not carried"; exit 1; }
+    TAIL=30 step walk_ab 300 python3 -u benchmarks/kernel_ab.py --before .ab/9c18ec9/kernels --out "$OUT/ab-walk" \
+      --rounds 6 --shape b4-h16-n4096-d128-fp16-full --shape b1-h24-n4608-d128-bf16-full \
+      --config "$A,softmax_reduce=chain" \
+      --config "$W,stages=2,pingpong=1,scheduler=persistent,o_rescale=before,softmax_reduce=chain" \
+      --config "$W,stages=3,pingpong=0,scheduler=grid,o_rescale=before,softmax_reduce=chain" ;;
   ncu)
     for shape in ${NCU_SHAPES:-b4-h16-n4096-d128-fp16-full b1-h32-kv8-n8192-d128-bf16-causal}; do
       PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
-  *) echo "usage: $0 vit-dram|tables [BUDGET_S]|peers|ncu|levers" >&2; exit 2 ;;
+  *) echo "usage: $0 vit-dram|tables [BUDGET_S]|peers|ncu|levers|stalls" >&2; exit 2 ;;
 esac
