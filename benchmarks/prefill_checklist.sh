@@ -8,8 +8,8 @@
 #                                                   check of the 1.5x DRAM reads' explanation (persistent CTAs held one
 #                                                   query block each): with the rounds, cw3 persistent at N577 should
 #                                                   read what cw2 and grid read
-#   bash benchmarks/prefill_checklist.sh tables [BUDGET_S]   a campaign over the shapes real models run
-#                                                   (studies/campaigns/h200-models.toml) merged into a copy of the
+#   bash benchmarks/prefill_checklist.sh tables [BUDGET_S] [CAMPAIGN]   a campaign (default: the shapes real models
+#                                                   run, studies/campaigns/h200-models.toml) merged into a copy of the
 #                                                   shipped table, $OUT/h200.json (and /tmp/h200-merged.json, which
 #                                                   `peers` on the same host then runs with), with its finalists merged
 #                                                   into $OUT/finalists-h200.json and its storage, $OUT/tables.db
@@ -46,7 +46,7 @@ case "${1:-}" in
   tables)
     # the storage comes back in $OUT: the shipped finalists file (studies/finalists/h200.json) is written from it
     db=sqlite:///$OUT/tables.db
-    TAIL=20 step tables_campaign $(( ${2:-170} + 30 )) python3 -m autotune.cli campaign studies/campaigns/h200-models.toml \
+    TAIL=20 step tables_campaign $(( ${2:-170} + 30 )) python3 -m autotune.cli campaign "${3:-studies/campaigns/h200-models.toml}" \
       --budget-s "${2:-170}" --warm-from studies/tuned/h200.json --storage "$db" --markdown "$OUT/tables-campaign.md"
     cp studies/tuned/h200.json /tmp/h200-merged.json
     cp studies/finalists/h200.json "$OUT/finalists-h200.json"
@@ -99,5 +99,5 @@ case "${1:-}" in
       PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
-  *) echo "usage: $0 vit-dram|tables [BUDGET_S]|peers|ncu|levers|stalls" >&2; exit 2 ;;
+  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|peers|ncu|levers|stalls" >&2; exit 2 ;;
 esac
