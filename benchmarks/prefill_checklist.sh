@@ -24,7 +24,8 @@
 #                                                   both (docs/benchmarks.md, the two sections of that day)
 #   bash benchmarks/prefill_checklist.sh stalls     where the d128 hot loop waits: per-instruction stall sampling
 #                                                   (benchmarks/ncu_source.sh) of the chain and tree softmax on
-#                                                   B4 H16 N4096 d128 fp16, then the rounds' A/B again with six
+#                                                   B4 H16 N4096 d128 fp16 and of its ping-pong row since the
+#                                                   2026-12-03 retune, then (with .ab/9c18ec9 carried) the rounds' A/B again with six
 #                                                   alternations and a grid config beside it as the control (the
 #                                                   walk cannot move a grid kernel: its change is the method's noise)
 #   bash benchmarks/prefill_checklist.sh ncu        the ncu part alone (FlashAttention-4 installed by `peers` on
@@ -83,8 +84,10 @@ case "${1:-}" in
   stalls)
     W=wgmma:consumer_wgs=2,bc=128,setmaxnreg=1,overlap=1,o_store=smem,min_blocks=1,kv_splits=1,pack_gqa=0
     A=$W,stages=2,pingpong=0,scheduler=persistent,o_rescale=after        # the d128 N4096 fp16 row's
-    for sr in chain tree; do
-      NCU_CONFIG="$A,softmax_reduce=$sr" NCU_LABEL=$sr TAIL=3 step "ncu_source_$sr" 150 \
+    P=$W,stages=2,pingpong=1,scheduler=persistent,o_rescale=before,softmax_reduce=chain  # its row since the retune
+    for label in chain tree pingpong; do
+      case $label in pingpong) cfg=$P ;; *) cfg="$A,softmax_reduce=$label" ;; esac
+      NCU_CONFIG="$cfg" NCU_LABEL=$label TAIL=3 step "ncu_source_$label" 150 \
         benchmarks/ncu_source.sh "$OUT/stalls" b4-h16-n4096-d128-fp16-full
     done
     rm -f "$OUT"/stalls/*.ncu-rep
