@@ -28,6 +28,11 @@
 #                                                   2026-12-03 retune, then (with .ab/9c18ec9 carried) the rounds' A/B again with six
 #                                                   alternations and a grid config beside it as the control (the
 #                                                   walk cannot move a grid kernel: its change is the method's noise)
+#   bash benchmarks/prefill_checklist.sh exp2       the exp2_fma axis (every fourth exponential on the FMA pipe): the
+#                                                   wgmma GPU matrix, then benchmarks/kernel_ab.py against main before
+#                                                   the axis (c98d60e, carried as .ab/c98d60e, which ignores the macro:
+#                                                   a `none` row's change is the method's noise, a `quarter` row's the
+#                                                   axis) on the d128, d64, ViT and N512 rows with their shipped configs
 #   bash benchmarks/prefill_checklist.sh ncu        the ncu part alone (FlashAttention-4 installed by `peers` on
 #                                                   this host)
 # Each step has its own time limit so one slow step cannot take the others' share.
@@ -97,10 +102,24 @@ case "${1:-}" in
       --config "$A,softmax_reduce=chain" \
       --config "$W,stages=2,pingpong=1,scheduler=persistent,o_rescale=before,softmax_reduce=chain" \
       --config "$W,stages=3,pingpong=0,scheduler=grid,o_rescale=before,softmax_reduce=chain" ;;
+  exp2)
+    prebuild_plans test_wgmma_gpu
+    TAIL=8 step wgmma_tests 220 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_wgmma_gpu.py --maxfail=30
+    #   mkdir -p .ab/c98d60e && git archive c98d60e kernels | tar -x -C .ab/c98d60e
+    [ -d .ab/c98d60e/kernels ] || { echo "== exp2_ab: .ab/c98d60e/kernels not carried"; exit 1; }
+    W=wgmma:setmaxnreg=1,overlap=1,o_store=smem,min_blocks=1,softmax_reduce=chain,kv_splits=1,pack_gqa=0
+    P=$W,consumer_wgs=2,bc=128,stages=2,pingpong=1,scheduler=persistent,o_rescale=before  # the d128 rows' (2026-12-03)
+    T=wgmma:consumer_wgs=3,bc=128,setmaxnreg=1,overlap=0,pingpong=0,o_store=smem,min_blocks=1,scheduler=persistent
+    T=$T,o_rescale=after,softmax_reduce=chain,kv_splits=1,pack_gqa=0   # the d64 rows' and the ViT's, stages 3 and 4
+    TAIL=60 step exp2_ab 300 python3 -u benchmarks/kernel_ab.py --before .ab/c98d60e/kernels --out "$OUT/ab-exp2" \
+      --rounds 4 --shape b4-h16-n4096-d128-fp16-full --shape b1-h24-n4608-d128-bf16-full \
+      --shape b4-h32-n4096-d64-fp16-full --shape b16-h16-n512-d64-fp16-full --shape b64-h16-n577-d64-bf16-full \
+      --config "$P,exp2_fma=none" --config "$P,exp2_fma=quarter" --config "$T,stages=3,exp2_fma=none" \
+      --config "$T,stages=3,exp2_fma=quarter" --config "$T,stages=4,exp2_fma=none" --config "$T,stages=4,exp2_fma=quarter" ;;
   ncu)
     for shape in ${NCU_SHAPES:-b4-h16-n4096-d128-fp16-full b1-h32-kv8-n8192-d128-bf16-causal}; do
       PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
-  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|peers|ncu|levers|stalls" >&2; exit 2 ;;
+  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|peers|ncu|levers|stalls|exp2" >&2; exit 2 ;;
 esac

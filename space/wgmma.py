@@ -25,7 +25,8 @@ REG_OVERHEAD = {False: 8, True: 32}
 # too, d256 causal spilled 64 B at 32: 72 prunes d256 (every Bc) and d128 with Bc >= 176 (traits.cuh kRegOverhead).
 # The persistent overlapped loop at d256 causal spills with o_rescale=after too (4-64 B at Bc 64/80), so it gets the
 # same margin; d128 causal does not (Bc 192 compiles without spill at 32). So does d256 with softmax_reduce=tree
-# (its partial maxima and sums: the non-causal d256 default, persistent, spilled).
+# (its partial maxima and sums: the non-causal d256 default, persistent, spilled) and with exp2_fma (the polynomial's
+# temporaries: Bc 80 persistent, non-causal, spilled 24 B).
 REG_OVERHEAD_PERSISTENT_TIGHT = 72
 SCHEDULERS = ("grid", "lpt", "persistent")  # AT_SCHEDULER = index; "grid" is the kernel as it was before the axis
 # sm_90's per-block opt-in shared memory and per-SM capacity (traits.cuh's static_asserts use the same figures)
@@ -63,6 +64,10 @@ AXES = (
          "a tile's row max and row sum: one dependent chain per row, row after row, or four independent partials "
          "per row with both rows side by side (shorter dependency chains, a few more registers)",
          lambda v: v == "tree", default="chain"),
+    Axis("exp2_fma", ("none", "quarter"), "AT_EXP2_FMA_EVERY",
+         "unmasked tiles: every fourth exponential of P computed on the FMA pipe (a degree-3 polynomial, 1.2e-4 "
+         "relative error) instead of MUFU.EX2, whose 8 cycles per warp instruction bound the softmax",
+         lambda v: {"none": 0, "quarter": 4}[v], default="none"),
     Axis("kv_splits", KV_SPLITS, "AT_KV_SPLITS",
          "CTAs one tile's key range is cut into (grid.z = batch × splits); each writes fp32 partials that a small "
          "combine kernel merges by their logsumexp: fills the SMs when batch × heads × query blocks is small "
@@ -194,7 +199,8 @@ def accumulator_registers(c: Config, p: Problem) -> int:
     """Registers per consumer thread live across a tile: S and O in f32, P as packed 16-bit pairs, + overhead."""
     overhead = REG_OVERHEAD[c.overlap]
     if c.overlap and c.scheduler == "persistent" and (
-            c.o_rescale == "before" or (p.head_dim == 256 and (p.causal or c.softmax_reduce == "tree"))):
+            c.o_rescale == "before" or (p.head_dim == 256 and (p.causal or c.softmax_reduce == "tree"
+                                                               or c.exp2_fma != "none"))):
         overhead = REG_OVERHEAD_PERSISTENT_TIGHT
     return c.bc // 2 + p.head_dim // 2 + c.bc // 4 + overhead
 

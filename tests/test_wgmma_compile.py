@@ -59,6 +59,11 @@ def sample() -> tuple[dict, list]:
     valid += [(c.replace(softmax_reduce="tree"), p) for c, p in list(valid)
               if space.is_valid(c.replace(softmax_reduce="tree"), p, ARCH)
               and (c == FAMILY.default(p, ARCH) or c.o_rescale == "before")]
+    # exp2_fma=quarter (the polynomial's temporaries beside the MUFU results): every problem's default, the
+    # o_rescale=before configs above and the tree variants (d256 persistent is the tightest budget)
+    valid += [(c.replace(exp2_fma="quarter"), p) for c, p in list(valid)
+              if space.is_valid(c.replace(exp2_fma="quarter"), p, ARCH)
+              and (c == FAMILY.default(p, ARCH) or c.o_rescale == "before" or c.softmax_reduce == "tree")]
     # the decode axes: each problem's decode default (split-KV with packed GQA heads) and packed heads with O staged
     # in shared memory
     for p in PROBLEMS:
@@ -109,6 +114,7 @@ def test_sample_has_both_verdicts():
     assert {c.scheduler for c, _ in valid} == {"grid", "lpt", "persistent"}
     assert {c.o_rescale for c, _ in valid} == {"after", "before"}
     assert {c.softmax_reduce for c, _ in valid} == {"chain", "tree"}
+    assert {c.exp2_fma for c, _ in valid} == {"none", "quarter"}
     assert {c.pack_gqa for c, _ in valid} == {True, False}
     assert {c.kv_splits > 1 for c, _ in valid} == {True, False}
 

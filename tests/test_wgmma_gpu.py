@@ -80,6 +80,17 @@ LADDER = tuple(Config.make("wgmma", **d) for d in (
          min_blocks=1, scheduler="persistent", softmax_reduce="tree"),
     dict(consumer_wgs=1, bc=128, stages=3, setmaxnreg=False, overlap=True, pingpong=False, o_store="direct", min_blocks=1,
          kv_splits=3, pack_gqa=True, softmax_reduce="tree"),
+    # exp2_fma=quarter (every fourth exponential of an unmasked tile on the FMA pipe): the shipped d128 ping-pong row
+    # (persistent, O rescaled before), the d64 three-warpgroup row without overlap, with the tree reductions on
+    # the grid, and under splits with packed heads (decode's loop)
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="smem", min_blocks=1,
+         scheduler="persistent", o_rescale="before", exp2_fma="quarter"),
+    dict(consumer_wgs=3, bc=128, stages=3, setmaxnreg=True, overlap=False, pingpong=False, o_store="smem",
+         min_blocks=1, scheduler="persistent", exp2_fma="quarter"),
+    dict(consumer_wgs=2, bc=176, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="smem", min_blocks=1,
+         softmax_reduce="tree", exp2_fma="quarter"),
+    dict(consumer_wgs=1, bc=128, stages=3, setmaxnreg=False, overlap=True, pingpong=False, o_store="direct", min_blocks=1,
+         kv_splits=3, pack_gqa=True, exp2_fma="quarter"),
     # the decode axes on prefill shapes too (every split count is in tests/test_decode_gpu.py): packed GQA heads with
     # splits, splits under ping-pong, packed heads across three warpgroups without overlap
     dict(consumer_wgs=1, bc=128, stages=3, setmaxnreg=False, overlap=True, pingpong=False, o_store="direct", min_blocks=1,

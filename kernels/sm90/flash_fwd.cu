@@ -323,6 +323,15 @@ __device__ __forceinline__ void issue_pv(float (&o)[kORegs], const uint32_t (&pf
     }
 }
 
+// Exponential v of a thread's row in a tile (0 <= v < Bc/4): on the FMA pipe for every kExp2FmaEvery-th of an
+// unmasked tile (a masked one has -inf scores, which exp2_fma does not take), else MUFU.EX2. v is a compile-time
+// index in the unrolled loops, so the choice costs nothing.
+template <bool kMask>
+__device__ __forceinline__ float exp2_of_p(int v, float x) {
+    if (!kMask && kExp2FmaEvery > 0 && v % kExp2FmaEvery == kExp2FmaEvery - 1) return exp2_fma(x);
+    return fast_exp2(x);
+}
+
 // The accumulator of m64nNk16 gives each thread rows r and r + 8 of its warp's 16 (r = lane / 4) and, for each
 // 8-column block j, columns 8j + 2·(lane % 4) + {0, 1}: s[4j + 2h + e] is row r + 8h, that column + e.
 // Updates the running max m (log2 units, scale folded) and the thread's partial row sums l, turns s into
@@ -360,7 +369,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kSRegs], float (&m)[2], 
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 float& x = s[4 * j + 2 * h + e];
-                x = fast_exp2(fmaf(x, scale_log2, -base));
+                x = exp2_of_p<kMask>(2 * j + e, fmaf(x, scale_log2, -base));
                 sum += x;
             }
         l[h] = l[h] * corr[h] + sum;
@@ -450,7 +459,7 @@ __device__ __forceinline__ void softmax_tile_tree(float (&s)[kSRegs], float (&m)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float& x = s[4 * (v / 2) + 2 * h + v % 2];
-            x = fast_exp2(fmaf(x, scale_log2, -base[h]));
+            x = exp2_of_p<kMask>(v, fmaf(x, scale_log2, -base[h]));
             if (v < kReduceParts)
                 part[h][v] = x;
             else

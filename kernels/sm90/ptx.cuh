@@ -165,4 +165,20 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
+// 2^x on the FMA pipe, for x <= 0 (a score minus its row max; scores more than 126 below the max give about 2^-126
+// where MUFU gives 0, which no row sum can tell from 0: the max itself contributes 1). x = n + f with n = round(x)
+// (adding 1.5 * 2^23 leaves n in the low mantissa bits), 2^f for f in [-0.5, 0.5] by a degree-3 polynomial with
+// 2^0 = 1 exactly (coefficients fitted for the least maximum relative error, 1.23e-4: half the rounding of an fp16 P),
+// and n added to the exponent field: n's bits shifted left by 23 (the shifter's own bits shift out).
+// tests/test_exp2_fma.py evaluates the same steps in float32 over the whole range.
+constexpr float kExp2C1 = 0.69322544f, kExp2C2 = 0.24229755f, kExp2C3 = 0.05533522f;
+__device__ __forceinline__ float exp2_fma(float x) {
+    constexpr float kShifter = 12582912.f;  // 1.5 * 2^23
+    x = fmaxf(x, -126.f);
+    const float t = x + kShifter;
+    const float f = x - (t - kShifter);
+    const float p = fmaf(fmaf(fmaf(kExp2C3, f, kExp2C2), f, kExp2C1), f, 1.f);
+    return __uint_as_float((__float_as_uint(t) << 23) + __float_as_uint(p));
+}
+
 }  // namespace sm90

@@ -9,8 +9,8 @@
 #error "wgmma family: build through space.defines(config, problem); a macro is missing"
 #endif
 
-#if !defined(AT_KV_SPLITS) || !defined(AT_PACK_GQA) || !defined(AT_SOFTMAX_TREE)
-#error "wgmma family: build through space.defines(config, problem); AT_KV_SPLITS, AT_PACK_GQA or AT_SOFTMAX_TREE is missing"
+#if !defined(AT_KV_SPLITS) || !defined(AT_PACK_GQA) || !defined(AT_SOFTMAX_TREE) || !defined(AT_EXP2_FMA_EVERY)
+#error "wgmma family: build through space.defines(config, problem); AT_KV_SPLITS, AT_PACK_GQA, AT_SOFTMAX_TREE or AT_EXP2_FMA_EVERY is missing"
 #endif
 
 // Optional (absent from every build but space.Problem(seqused_k=True)'s): a per-batch-row used key length read from
@@ -42,6 +42,10 @@ constexpr bool kRescaleBefore = AT_O_RESCALE_BEFORE != 0;
 // A tile's row max and row sum: one dependent chain per row, row after row (0), or four independent partials per row
 // with both rows side by side (1: shorter dependency chains; flash_fwd.cu softmax_tile_tree).
 constexpr bool kSoftmaxTree = AT_SOFTMAX_TREE != 0;
+// Unmasked tiles: every kExp2FmaEvery-th exponential of a thread's P on the FMA pipe (ptx.cuh exp2_fma) instead of
+// MUFU.EX2 (0: none). MUFU issues one warp instruction per 8 cycles per SM sub-partition, the bound of a warp's
+// exponentials; the polynomial's ~8 FMA-pipe instructions issue one per cycle beside them.
+constexpr int kExp2FmaEvery = AT_EXP2_FMA_EVERY;
 // Which tile (query block, head, batch) a CTA works on: 0 grid (one CTA per tile, blockIdx = (query block, head,
 // batch), causal query blocks reversed), 1 lpt (one CTA per tile on a 1-D grid, in L2-sized head sections, longest
 // first when causal), 2 persistent (each CTA strides through the lpt order; the producer prefetches the next tile's
@@ -111,9 +115,11 @@ constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
 // spills at d256 (64 B, causal), hence 72 there: it prunes exactly d256 (any Bc) and d128 with Bc >= 176. The
 // persistent overlapped loop at d256 causal spills with o_rescale=after too (4-64 B for Bc 64/80 on ptxas 13.0, before
 // and after K/V got separate releases), so the 72 applies there as well; d128 causal at Bc 192 has no spill at 32.
-// softmax_reduce=tree's partials spill the persistent overlapped d256 loop too (non-causal, o_rescale=after).
+// softmax_reduce=tree's partials spill the persistent overlapped d256 loop too (non-causal, o_rescale=after), and so
+// do exp2_fma's polynomial temporaries (Bc 80: 24 B).
 constexpr int kRegOverhead =
-    kOverlap ? (kPersistent && (kRescaleBefore || (kHeadDim == 256 && (kCausal || kSoftmaxTree))) ? 72 : 32) : 8;
+    kOverlap ? (kPersistent && (kRescaleBefore ||
+                                (kHeadDim == 256 && (kCausal || kSoftmaxTree || kExp2FmaEvery > 0))) ? 72 : 32) : 8;
 constexpr int kAccumulatorRegs = kBc / 2 + kHeadDim / 2 + kBc / 4 + kRegOverhead;
 constexpr int kConsumerRegBudget = kSetMaxNReg ? kConsumerRegs : kRegCap;
 
