@@ -218,7 +218,7 @@ def test_the_closing_table_text_and_markdown():
                      "| 12 | 17.5 |")
     assert campaign_table.short_config("wgmma:consumer_wgs=2,bc=128,stages=3,setmaxnreg=1,overlap=1,pingpong=0,"
                                        "o_store=smem,min_blocks=1,scheduler=grid,o_rescale=after") == \
-        "wgmma cw2 bc128 st3 se1 ov1 pi0 os=smem mb1 sc=grid or=after sr=chain ks1 pg0"  # later axes at their defaults
+        "wgmma cw2 bc128 st3 se1 ov1 pi0 os=smem mb1 sc=grid or=after sr=chain ef=none ks1 pg0"  # later axes at their defaults
 
 
 def test_neighbour_order_grows_each_group_from_its_first_shape():
