@@ -169,14 +169,16 @@ def test_a_table_of_true_winners_holds_more_often_with_the_choice_made_on_other_
     keys = [fd.near_default(n) for n in range(5)]
     item = table_check.ShapeFinalists("s", fd.SHAPE, "NVIDIA H200", "sm_90", keys[0].key,
                                       tuple((i, c.key, 1.0, 1.0) for i, c in enumerate(keys)))
+    # 400 seeds: a property of the method, not of a few draws (the draws are seeded by the config keys, which an
+    # added axis changes; at 40 seeds the margin moved with them)
     split = same = 0
-    for seed in range(40):
+    for seed in range(400):
         gpu = fd.NoisyGPU({c: 100.0 for c in keys}, 0.03, seed)
         v = table_check.check_shape(item, keys[0].key, fd.Builder(), gpu, rounds=6, log=lambda _: None)
         split += v.holds
         pooled = {c.key: statistics.median(o.tflops for o in gpu_rounds(gpu, c)) for c in keys}
         same += table_check.judge("s", keys[0].key, pooled).holds
-    assert split >= same + 8, (split, same)
+    assert split >= same + 48, (split, same)  # 12 points; measured 23 (the 2026-12-03 keys)
 
 
 def gpu_rounds(gpu, config):
