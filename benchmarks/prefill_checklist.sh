@@ -42,6 +42,10 @@ FA4_SITE=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages  # the wheel's .pth
 VIT_CONFIG="wgmma:bc=128,stages=3,setmaxnreg=1,overlap=0,pingpong=0,o_store=smem,min_blocks=1,o_rescale=after"
 VIT_CONFIG="$VIT_CONFIG,kv_splits=1,pack_gqa=0"
 if [ -d .fa4a ]; then mkdir -p /tmp/fa4 && cp .fa4a/* /tmp/fa4/ && echo "== staged .fa4a in /tmp/fa4"; fi
+wgmma_matrix() {  # the wgmma GPU correctness matrix, its kernels built first in one process
+  prebuild_plans test_wgmma_gpu
+  TAIL=8 step wgmma_tests 220 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_wgmma_gpu.py --maxfail=30
+}
 case "${1:-}" in
   vit-dram)
     for n in 577 576; do
@@ -73,8 +77,7 @@ case "${1:-}" in
       --out "$OUT/peers"
     bash "$0" ncu ;;
   levers)
-    prebuild_plans test_wgmma_gpu
-    TAIL=8 step wgmma_tests 220 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_wgmma_gpu.py --maxfail=30
+    wgmma_matrix
     # before = main before both changes, carried as .ab/9c18ec9 (git-ignored; the host has no git history):
     #   mkdir -p .ab/9c18ec9 && git archive 9c18ec9 kernels | tar -x -C .ab/9c18ec9
     [ -d .ab/9c18ec9/kernels ] || { echo "== levers_ab: .ab/9c18ec9/kernels not carried"; exit 1; }
@@ -99,12 +102,10 @@ case "${1:-}" in
     [ -d .ab/9c18ec9/kernels ] || { echo "== walk_ab: .ab/9c18ec9/kernels not carried"; exit 1; }
     TAIL=30 step walk_ab 300 python3 -u benchmarks/kernel_ab.py --before .ab/9c18ec9/kernels --out "$OUT/ab-walk" \
       --rounds 6 --shape b4-h16-n4096-d128-fp16-full --shape b1-h24-n4608-d128-bf16-full \
-      --config "$A,softmax_reduce=chain" \
-      --config "$W,stages=2,pingpong=1,scheduler=persistent,o_rescale=before,softmax_reduce=chain" \
+      --config "$A,softmax_reduce=chain" --config "$P" \
       --config "$W,stages=3,pingpong=0,scheduler=grid,o_rescale=before,softmax_reduce=chain" ;;
   exp2)
-    prebuild_plans test_wgmma_gpu
-    TAIL=8 step wgmma_tests 220 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_wgmma_gpu.py --maxfail=30
+    wgmma_matrix
     #   mkdir -p .ab/c98d60e && git archive c98d60e kernels | tar -x -C .ab/c98d60e
     [ -d .ab/c98d60e/kernels ] || { echo "== exp2_ab: .ab/c98d60e/kernels not carried"; exit 1; }
     W=wgmma:setmaxnreg=1,overlap=1,o_store=smem,min_blocks=1,softmax_reduce=chain,kv_splits=1,pack_gqa=0

@@ -2,6 +2,7 @@
 float32 on the CPU, with the coefficients read from the kernel source, over every input the kernel gives it."""
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -14,6 +15,7 @@ PTX = Path(__file__).resolve().parent.parent / "kernels" / "sm90" / "ptx.cuh"
 F32 = np.float32
 
 
+@functools.lru_cache(maxsize=None)
 def coefficients() -> tuple[F32, F32, F32]:
     text = PTX.read_text()
     found = dict(re.findall(r"kExp2(C[123]) = ([0-9.eE+-]+)f", text))

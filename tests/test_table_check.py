@@ -12,6 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 import finale_doubles as fd
+import search_doubles
+import space
 from autotune.search import table_check
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,10 +141,10 @@ def test_the_script_checks_the_shipped_table_on_the_fake_gpu_and_writes_its_tabl
     items = [i for i in table_check.read(ROOT / "studies" / "finalists" / "h200.json")
              if i.shape.key.startswith("b4-h16-n4096-d128-fp16")]
     assert len(items) == 2
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({table_check.served_config(table, i): "boost" for i in items}))
+    double = search_doubles.Control(tmp_path)  # keys as the double sees them: today's, every axis named
+    double.plan({space.Config.from_key(table_check.served_config(table, i)): "boost" for i in items})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
-           "AUTOTUNE_DOUBLE_ARCH": "sm_90", "AUTOTUNE_DOUBLE_PLAN": str(plan)}
+           "AUTOTUNE_DOUBLE_ARCH": "sm_90", **double.env()}
     env.pop("OUT", None)
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "table_holds.py"), "--evaluator",
                            "search_doubles:evaluate", "--fake-builder", "--shapes", "b4-h16-n4096-d128-fp16",
