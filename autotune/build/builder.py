@@ -204,17 +204,21 @@ def default_cache_dir() -> Path:
 def default_kernels_dir() -> Path:
     """The kernel sources next to this package when it runs from a source checkout (so a checkout always builds
     its own kernels, whichever checkout an editable install points at), else the shipped package data
-    `autotune._kernels`."""
-    import importlib.resources
+    `autotune/_kernels` of an installed wheel.
 
+    `kernels/` has no `__init__.py` on purpose: a regular package named `kernels` at a checkout's root would
+    shadow Hugging Face's `kernels` distribution (a dependency of transformers >= 5.25) for any program started
+    there, and `import transformers` would fail. So the installed copy is a directory found by path, not a
+    module found by importlib (whose `files()` of a namespace directory is not a filesystem path)."""
     repo_kernels = Path(__file__).resolve().parents[2] / "kernels"
     if (repo_kernels / "common").is_dir() and (repo_kernels.parent / "pyproject.toml").is_file():
         return repo_kernels
-    try:
-        return Path(str(importlib.resources.files("autotune._kernels")))
-    except ModuleNotFoundError:
-        raise BuildError("kernels_dir: package data autotune._kernels not found; reinstall autotune "
-                         "or pass kernels_dir=<path to kernels/>") from None
+    installed = Path(__file__).resolve().parents[1] / "_kernels"
+    if (installed / "common").is_dir():
+        return installed
+    raise BuildError(f"kernels_dir: the kernel sources are neither in a source checkout ({repo_kernels}) nor "
+                     f"installed as package data ({installed}); reinstall autotune or pass "
+                     "kernels_dir=<path to kernels/>")
 
 
 _QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)

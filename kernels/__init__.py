@@ -1,1 +1,0 @@
-"""Kernel sources, shipped as package data `autotune._kernels`."""
