@@ -33,6 +33,10 @@
 #                                                   the axis (c98d60e, carried as .ab/c98d60e, which ignores the macro:
 #                                                   a `none` row's change is the method's noise, a `quarter` row's the
 #                                                   axis) on the d128, d64, ViT and N512 rows with their shipped configs
+#   bash benchmarks/prefill_checklist.sh mma-sync [BUDGET_S]   the SM80-style family's non-spilling best on the four
+#                                                   N4096 rows against FlashAttention-2 (SDPA flash) timed beside each
+#                                                   winner: studies/campaigns/h200-mma-sync.toml into $OUT/mma-sync.db
+#                                                   (never merged into the shipped table), table in $OUT/mma-sync.md
 #   bash benchmarks/prefill_checklist.sh ncu        the ncu part alone (FlashAttention-4 installed by `peers` on
 #                                                   this host)
 # Each step has its own time limit so one slow step cannot take the others' share.
@@ -117,10 +121,14 @@ case "${1:-}" in
       --shape b4-h32-n4096-d64-fp16-full --shape b16-h16-n512-d64-fp16-full --shape b64-h16-n577-d64-bf16-full \
       --config "$P,exp2_fma=none" --config "$P,exp2_fma=quarter" --config "$T,stages=3,exp2_fma=none" \
       --config "$T,stages=3,exp2_fma=quarter" --config "$T,stages=4,exp2_fma=none" --config "$T,stages=4,exp2_fma=quarter" ;;
+  mma-sync)
+    TAIL=12 step mma_sync_campaign $(( ${2:-240} + 30 )) python3 -m autotune.cli campaign studies/campaigns/h200-mma-sync.toml \
+      --budget-s "${2:-240}" --storage "sqlite:///$OUT/mma-sync.db" --versus sdpa_flash --markdown "$OUT/mma-sync.md"
+    rm -f "$OUT"/.autotune-*.lock ;;
   ncu)
     for shape in ${NCU_SHAPES:-b4-h16-n4096-d128-fp16-full b1-h32-kv8-n8192-d128-bf16-causal}; do
       PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
-  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|peers|ncu|levers|stalls|exp2" >&2; exit 2 ;;
+  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|peers|ncu|levers|stalls|exp2|mma-sync [BUDGET_S]" >&2; exit 2 ;;
 esac

@@ -199,3 +199,19 @@ def test_the_decode_campaign_tunes_its_speculative_rows_lower_right():
     few = [e.shape for e in entries if e.shape.seqlen_q > 1]
     assert few and all(s.causal and s.causal_align == "lower_right" for s in few)
     assert all(not e.shape.causal for e in entries if e.shape.seqlen_q == 1)  # one query: every key, no mask
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "studies" / "campaigns").glob("h200-*.toml")),
+                         ids=lambda p: p.name)
+def test_every_shipped_h200_campaign_enqueues_configs_of_its_own_family_valid_for_its_shape(path):
+    from space import config as space_config
+    from space.arch import get_arch
+
+    entries = campaign.load(path)
+    assert entries
+    for e in entries:
+        families = e.options.get("families")
+        for config in e.options.get("enqueue", ()):
+            assert families is None or config.family in families, (path.name, e.shape.key, config.key)
+            problems = space_config.violations(config, e.shape.problem, get_arch("sm_90"))
+            assert not problems, (path.name, e.shape.key, config.key, problems)

@@ -192,6 +192,13 @@ def test_the_second_pass_retimes_the_finalists_in_another_process_and_ships_the_
     (table_row,) = campaign_table.shape_rows(plans, done.gpu_name)  # the table shows what was stored
     assert table_row.config_key == RUNNER_UP.key and table_row.passes == pytest.approx(
         (f(RUNNER_UP), 1.3 * f(RUNNER_UP)))
+    # the doubles' baselines: flash 150, cudnn 200 TFLOPS; the table compares with the fastest unless asked
+    assert (table_row.peer, table_row.peer_tflops) == ("sdpa_cudnn", pytest.approx(200.0))
+    (flash_row,) = campaign_table.shape_rows(plans, done.gpu_name, versus="sdpa_flash")
+    assert (flash_row.peer, flash_row.peer_tflops) == ("sdpa_flash", pytest.approx(150.0))
+    assert flash_row.versus_peer == pytest.approx(table_row.tflops / 150.0)
+    (fa4_row,) = campaign_table.shape_rows(plans, done.gpu_name, versus="fa4")  # not measured here
+    assert fa4_row.peer == "fa4" and fa4_row.peer_tflops is None and fa4_row.versus_peer is None
     mark = control.mark()
     again = campaign_run.run(plans, log=lambda _: None)  # finished, second pass done: nothing runs again
     assert control.mark() == mark and again.outcomes[0].state == "finished earlier"
@@ -219,6 +226,22 @@ def test_the_closing_table_text_and_markdown():
     assert campaign_table.short_config("wgmma:consumer_wgs=2,bc=128,stages=3,setmaxnreg=1,overlap=1,pingpong=0,"
                                        "o_store=smem,min_blocks=1,scheduler=grid,o_rescale=after") == \
         "wgmma cw2 bc128 st3 se1 ov1 pi0 os=smem mb1 sc=grid or=after sr=chain ef=none ks1 pg0"  # later axes at their defaults
+
+
+def test_the_closing_table_against_a_named_peer():
+    rows = [campaign_table.ShapeRow(S1, "finished", WIN.key, 330.0, "sdpa_flash", 300.0, 12, 17.5),
+            campaign_table.ShapeRow(S2, "finished", RUNNER_UP.key, 310.0, "sdpa_flash", None, 5, 9.0)]
+    md = campaign_table.format_table(rows, markdown=True, versus="sdpa_flash").splitlines()
+    assert md[0] == "| shape | best config | TFLOPS | passes | vs sdpa_flash | trials | seconds |"
+    assert "| 1.10× sdpa_flash |" in md[2] and "| sdpa_flash not measured |" in md[3]
+    assert md[-1].endswith("; vs sdpa_flash 1.10-1.10×")
+    assert campaign_table.format_table(rows, versus="sdpa_flash").splitlines()[0].split()[5:7] == ["vs", "sdpa_flash"]
+
+
+def test_campaign_versus_names_a_peer_the_search_measures(capsys):
+    with pytest.raises(SystemExit):
+        main(["campaign", str(MATRIX), "--dry-run", "--versus", "flash"])
+    assert "--versus: invalid choice: 'flash'" in capsys.readouterr().err
 
 
 def test_neighbour_order_grows_each_group_from_its_first_shape():

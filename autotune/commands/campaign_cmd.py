@@ -31,6 +31,7 @@ def add_parser(subparsers) -> None:
     from autotune.search.coordination import DEFAULT_GRACE, DEFAULT_HEARTBEAT
     from autotune.search.sampling import SAMPLERS
     from autotune.search.loop import DEFAULT_EVAL_TIMEOUT, DEFAULT_TRIALS
+    from autotune.measure.evaluate import BASELINE_NAMES
 
     p = subparsers.add_parser("campaign", help="tune a list of shapes from a file, warm-starting each from its "
                                                "tuned neighbours (needs a GPU)",
@@ -52,6 +53,10 @@ def add_parser(subparsers) -> None:
     r.add_argument("--snapshot", default=None, metavar="PATH",
                    help="after every shape, copy the SQLite storage to PATH (a consistent copy, replaced atomically)")
     r.add_argument("--markdown", default=None, metavar="PATH", help="also write the closing table as markdown")
+    r.add_argument("--versus", default=None, choices=BASELINE_NAMES, metavar="PEER",
+                   help="compare each shape's winner with this peer (measured beside it) instead of the fastest one, "
+                        "e.g. sdpa_flash for the mma_sync family, whose yardstick is FlashAttention-2; one of "
+                        + ", ".join(BASELINE_NAMES))
     r.add_argument("--repair-passes", action="store_true",
                    help="only re-record, without a GPU, the rows of the file's shapes whose recorded second pass "
                         "the table kept out (an earlier pass's row of the same study stayed in its place: older "
@@ -117,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if args.reserve_s is not None and args.budget_s is None:
         return _fail("--reserve-s: only means something with --budget-s")
     return execute(plans, args.evaluator is None, budget_s=args.budget_s, reserve_s=args.reserve_s,
-                   snapshot=args.snapshot, markdown=args.markdown, warm_from=args.warm_from)
+                   snapshot=args.snapshot, markdown=args.markdown, warm_from=args.warm_from, versus=args.versus)
 
 
 def _dry_run(plans: list) -> int:
@@ -162,7 +167,8 @@ def _repair_passes(plans: list) -> int:
 
 
 def execute(plans: list, needs_gpu: bool, *, budget_s: float | None = None, reserve_s: float | None = None,
-            snapshot: str | None = None, markdown: str | None = None, warm_from: list[str] = ()) -> int:
+            snapshot: str | None = None, markdown: str | None = None, warm_from: list[str] = (),
+            versus: str | None = None) -> int:
     """Run the plans and print the campaign table (shared with `autotune search` given several --seqlen)."""
     from pathlib import Path
 
@@ -206,12 +212,12 @@ def execute(plans: list, needs_gpu: bool, *, budget_s: float | None = None, rese
             store.close()
     if after_shape is not None:
         after_shape()
-    rows = campaign_table.shape_rows(plans, done.gpu_name)
+    rows = campaign_table.shape_rows(plans, done.gpu_name, versus)
     print()
     print(f"campaign: {len(rows)} shape(s){'; stopped early: ' + done.stopped if done.stopped else ''}")
-    print(campaign_table.format_table(rows))
+    print(campaign_table.format_table(rows, versus=versus))
     if markdown:
-        Path(markdown).write_text(campaign_table.format_table(rows, markdown=True) + "\n")
+        Path(markdown).write_text(campaign_table.format_table(rows, markdown=True, versus=versus) + "\n")
         print(f"campaign: the table as markdown in {markdown}")
     if code:
         return code

@@ -24,6 +24,8 @@ SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "effici
 # as they are in the baselines ("fa4"), where SDPA's get an "sdpa_" prefix.
 PEERS = ("fa4",)
 DEFAULT_BASELINES = ("flash", "cudnn", "efficient", "fa4")
+# ... and the names they are stored under (a study's `baselines` attr)
+BASELINE_NAMES = tuple(b if b in PEERS else f"sdpa_{b}" for b in DEFAULT_BASELINES)
 
 
 @dataclass

@@ -23,7 +23,7 @@ class ShapeRow:
     state: str                     # "finished", "unfinished" (a later run continues it), "not started"
     config_key: str | None = None  # the re-timed winner
     tflops: float | None = None
-    peer: str | None = None        # the fastest peer measured beside it (sdpa_cudnn, fa4, ...)
+    peer: str | None = None        # the fastest peer measured beside it (sdpa_cudnn, fa4, ...), or the one asked for
     peer_tflops: float | None = None
     trials: int = 0                # evaluated (built) configs
     seconds: float | None = None   # wall seconds on this shape, every run of the campaign together
@@ -35,7 +35,9 @@ class ShapeRow:
         return self.tflops / self.peer_tflops if self.tflops and self.peer_tflops else None
 
 
-def shape_row(options, gpu_name: str) -> ShapeRow:
+def shape_row(options, gpu_name: str, versus: str | None = None) -> ShapeRow:
+    """versus: compare with this peer (e.g. sdpa_flash, the yardstick of the mma_sync family) instead of the
+    fastest one measured; a study that did not measure it gets no ratio."""
     study = campaign_run.load_study(options, gpu_name)
     if study is None:
         return ShapeRow(options.shape, "not started")
@@ -43,7 +45,7 @@ def shape_row(options, gpu_name: str) -> ShapeRow:
     record = campaign_run.record_of(study)
     key, tflops, figures = shipped(attrs)
     peers = {k: v for k, v in (attrs.get("baselines") or {}).items() if v}
-    peer = max(peers, key=peers.get) if peers else None
+    peer = versus if versus is not None else (max(peers, key=peers.get) if peers else None)
     kept = (attrs.get(campaign_passes.ATTR) or {}).get("kept_row")
     return ShapeRow(options.shape, "finished" if record.get("finished") else "unfinished", key, tflops,
                     peer, peers.get(peer), studies.StudyMemory.load(study, options.shape.problem).evaluated,
@@ -64,8 +66,8 @@ def shipped(attrs: dict) -> tuple[str | None, float | None, tuple]:
     return (best["config_key"], best["tflops"], ()) if best else (None, None, ())
 
 
-def shape_rows(plans: list, gpu_name: str) -> list[ShapeRow]:
-    return [shape_row(p, gpu_name) for p in plans]
+def shape_rows(plans: list, gpu_name: str, versus: str | None = None) -> list[ShapeRow]:
+    return [shape_row(p, gpu_name, versus) for p in plans]
 
 
 def short_config(key: str | None) -> str:
@@ -91,8 +93,13 @@ def short_config(key: str | None) -> str:
 COLUMNS = ("shape", "best config", "TFLOPS", "passes", "vs best peer", "trials", "seconds")
 
 
+def versus_heading(versus: str | None) -> str:
+    return f"vs {versus}" if versus else "vs best peer"
+
+
 def _cells(row: ShapeRow) -> list[str]:
-    versus = f"{row.versus_peer:.2f}× {row.peer}" if row.versus_peer else "-"
+    versus = (f"{row.versus_peer:.2f}× {row.peer}" if row.versus_peer else
+              f"{row.peer} not measured" if row.peer and row.tflops and not row.peer_tflops else "-")
     seconds = f"{row.seconds:.1f}" if row.seconds is not None else "-"
     config = short_config(row.config_key) if row.config_key else row.state
     if row.config_key and row.state != "finished":
@@ -104,31 +111,34 @@ def _cells(row: ShapeRow) -> list[str]:
             seconds]
 
 
-def summary_line(rows: list[ShapeRow]) -> str:
-    """Shapes finished, and the mean seconds per finished shape (the campaign's cost figure)."""
+def summary_line(rows: list[ShapeRow], versus: str | None = None) -> str:
+    """Shapes finished, the mean seconds per finished shape (the campaign's cost figure), and the ratios' range
+    against the best peer (or the peer `versus` names)."""
     done = [r for r in rows if r.state == "finished"]
     timed = [r.seconds for r in done if r.seconds is not None]
     mean = f"; {sum(timed) / len(timed):.1f} s per finished shape on average ({sum(timed):.0f} s)" if timed else ""
     ratios = sorted(r.versus_peer for r in rows if r.versus_peer)
-    spread = f"; vs best peer {ratios[0]:.2f}-{ratios[-1]:.2f}×" if ratios else ""
+    spread = f"; {versus_heading(versus)} {ratios[0]:.2f}-{ratios[-1]:.2f}×" if ratios else ""
     return f"{len(done)} of {len(rows)} shape(s) finished{mean}{spread}"
 
 
-def format_table(rows: list[ShapeRow], markdown: bool = False) -> str:
+def format_table(rows: list[ShapeRow], markdown: bool = False, versus: str | None = None) -> str:
+    """versus: the peer the rows were compared with (shape_rows' argument), for the heading and summary."""
+    columns = tuple(versus_heading(versus) if c == "vs best peer" else c for c in COLUMNS)
     cells = [_cells(r) for r in rows]
     if markdown:
-        lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+        lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in cells]
-        return "\n".join(lines + ["", summary_line(rows)])
-    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(COLUMNS)]
+        return "\n".join(lines + ["", summary_line(rows, versus)])
+    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(columns)]
     numeric = {2, 3, 4, 5, 6}
 
     def line(values):
         return "  " + "  ".join(v.rjust(w) if i in numeric else v.ljust(w)
                                 for i, (v, w) in enumerate(zip(values, widths))).rstrip()
 
-    out = [line(COLUMNS), line(["-" * w for w in widths])] + [line(row) for row in cells]
-    return "\n".join(out + ["  " + summary_line(rows)])
+    out = [line(columns), line(["-" * w for w in widths])] + [line(row) for row in cells]
+    return "\n".join(out + ["  " + summary_line(rows, versus)])
 
 
 __all__ = ["COLUMNS", "ShapeRow", "format_table", "shape_row", "shape_rows", "short_config", "summary_line"]
