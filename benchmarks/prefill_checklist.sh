@@ -32,7 +32,9 @@
 #                                                   wgmma GPU matrix, then benchmarks/kernel_ab.py against main before
 #                                                   the axis (c98d60e, carried as .ab/c98d60e, which ignores the macro:
 #                                                   a `none` row's change is the method's noise, a `quarter` row's the
-#                                                   axis) on the d128, d64, ViT and N512 rows with their shipped configs
+#                                                   axis) on the d128, d64, ViT and N512 rows with their shipped configs,
+#                                                   and the d128 ping-pong config with softmax_reduce=tree too (within
+#                                                   one tree, chain against tree is that axis under ping-pong)
 #   bash benchmarks/prefill_checklist.sh mma-sync [BUDGET_S]   the SM80-style family's non-spilling best on the four
 #                                                   N4096 rows against FlashAttention-2 (SDPA flash) timed beside each
 #                                                   winner: studies/campaigns/h200-mma-sync.toml into $OUT/mma-sync.db
@@ -112,15 +114,20 @@ case "${1:-}" in
     wgmma_matrix
     #   mkdir -p .ab/c98d60e && git archive c98d60e kernels | tar -x -C .ab/c98d60e
     [ -d .ab/c98d60e/kernels ] || { echo "== exp2_ab: .ab/c98d60e/kernels not carried"; exit 1; }
-    W=wgmma:setmaxnreg=1,overlap=1,o_store=smem,min_blocks=1,softmax_reduce=chain,kv_splits=1,pack_gqa=0
+    W=wgmma:setmaxnreg=1,overlap=1,o_store=smem,min_blocks=1,kv_splits=1,pack_gqa=0
     P=$W,consumer_wgs=2,bc=128,stages=2,pingpong=1,scheduler=persistent,o_rescale=before  # the d128 rows' (2026-12-03)
     T=wgmma:consumer_wgs=3,bc=128,setmaxnreg=1,overlap=0,pingpong=0,o_store=smem,min_blocks=1,scheduler=persistent
     T=$T,o_rescale=after,softmax_reduce=chain,kv_splits=1,pack_gqa=0   # the d64 rows' and the ViT's, stages 3 and 4
-    TAIL=60 step exp2_ab 300 python3 -u benchmarks/kernel_ab.py --before .ab/c98d60e/kernels --out "$OUT/ab-exp2" \
+    # the ping-pong config also with the four-partial row reductions (softmax_reduce=tree, FlashAttention-4's row
+    # max): measured only on non-ping-pong configs so far, where the other consumer warp of a sub-partition hides
+    # the max chain's latency; under ping-pong a warp's softmax runs alone on its sub-partition
+    TAIL=60 step exp2_ab 420 python3 -u benchmarks/kernel_ab.py --before .ab/c98d60e/kernels --out "$OUT/ab-exp2" \
       --rounds 4 --shape b4-h16-n4096-d128-fp16-full --shape b1-h24-n4608-d128-bf16-full \
       --shape b4-h32-n4096-d64-fp16-full --shape b16-h16-n512-d64-fp16-full --shape b64-h16-n577-d64-bf16-full \
-      --config "$P,exp2_fma=none" --config "$P,exp2_fma=quarter" --config "$T,stages=3,exp2_fma=none" \
-      --config "$T,stages=3,exp2_fma=quarter" --config "$T,stages=4,exp2_fma=none" --config "$T,stages=4,exp2_fma=quarter" ;;
+      --config "$P,softmax_reduce=chain,exp2_fma=none" --config "$P,softmax_reduce=chain,exp2_fma=quarter" \
+      --config "$P,softmax_reduce=tree,exp2_fma=none" --config "$P,softmax_reduce=tree,exp2_fma=quarter" \
+      --config "$T,stages=3,exp2_fma=none" --config "$T,stages=3,exp2_fma=quarter" \
+      --config "$T,stages=4,exp2_fma=none" --config "$T,stages=4,exp2_fma=quarter" ;;
   mma-sync)
     TAIL=12 step mma_sync_campaign $(( ${2:-240} + 30 )) python3 -m autotune.cli campaign studies/campaigns/h200-mma-sync.toml \
       --budget-s "${2:-240}" --storage "sqlite:///$OUT/mma-sync.db" --versus sdpa_flash --markdown "$OUT/mma-sync.md"
