@@ -35,10 +35,6 @@
 #                                                   axis) on the d128, d64, ViT and N512 rows with their shipped configs,
 #                                                   and the d128 ping-pong config with softmax_reduce=tree too (within
 #                                                   one tree, chain against tree is that axis under ping-pong)
-#   bash benchmarks/prefill_checklist.sh order      the producer's K-ahead order (K(n+1) before V(n) with the split
-#                                                   release): the wgmma GPU matrix, then benchmarks/kernel_ab.py against
-#                                                   main before it (a9ea61d, carried as .ab/a9ea61d) with two split-release
-#                                                   configs and a three-stage one as the control
 #   bash benchmarks/prefill_checklist.sh mma-sync [BUDGET_S]   the SM80-style family's non-spilling best on the four
 #                                                   N4096 rows against FlashAttention-2 (SDPA flash) timed beside each
 #                                                   winner: studies/campaigns/h200-mma-sync.toml into $OUT/mma-sync.db
@@ -132,20 +128,6 @@ case "${1:-}" in
       --config "$P,softmax_reduce=tree,exp2_fma=none" --config "$P,softmax_reduce=tree,exp2_fma=quarter" \
       --config "$T,stages=3,exp2_fma=none" --config "$T,stages=3,exp2_fma=quarter" \
       --config "$T,stages=4,exp2_fma=none" --config "$T,stages=4,exp2_fma=quarter" ;;
-  order)
-    wgmma_matrix
-    #   mkdir -p .ab/a9ea61d && git archive a9ea61d kernels | tar -x -C .ab/a9ea61d   # main before the K-ahead order
-    [ -d .ab/a9ea61d/kernels ] || { echo "== order_ab: .ab/a9ea61d/kernels not carried"; exit 1; }
-    W=wgmma:consumer_wgs=2,bc=128,setmaxnreg=1,overlap=1,o_store=smem,min_blocks=1,softmax_reduce=chain,exp2_fma=none
-    W=$W,kv_splits=1,pack_gqa=0
-    P=$W,stages=2,pingpong=1,scheduler=persistent,o_rescale=before   # five d128 rows' shipped config
-    A=$W,stages=2,pingpong=0,scheduler=persistent,o_rescale=after    # N1024's before the retune
-    # the control: three stages release K and V jointly, a path the order change only rewrote
-    C=$W,stages=3,pingpong=1,scheduler=grid,o_rescale=before          # the fp16 causal row's
-    TAIL=40 step order_ab 300 python3 -u benchmarks/kernel_ab.py --before .ab/a9ea61d/kernels --out "$OUT/ab-order" \
-      --rounds 4 --shape b4-h16-n4096-d128-fp16-full --shape b1-h24-n4608-d128-bf16-full \
-      --shape b4-h32-n4096-d64-fp16-full --shape b1-h64-n1024-d128-fp16-full \
-      --shape b1-h32-kv8-n8192-d128-bf16-causal --config "$P" --config "$A" --config "$C" ;;
   mma-sync)
     TAIL=12 step mma_sync_campaign $(( ${2:-240} + 30 )) python3 -m autotune.cli campaign studies/campaigns/h200-mma-sync.toml \
       --budget-s "${2:-240}" --storage "sqlite:///$OUT/mma-sync.db" --versus sdpa_flash --markdown "$OUT/mma-sync.md"
@@ -155,5 +137,5 @@ case "${1:-}" in
       PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
-  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|peers|ncu|levers|stalls|exp2|order|mma-sync [BUDGET_S]" >&2; exit 2 ;;
+  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|peers|ncu|levers|stalls|exp2|mma-sync [BUDGET_S]" >&2; exit 2 ;;
 esac

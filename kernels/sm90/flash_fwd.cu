@@ -256,30 +256,8 @@ struct Ring {
     }
 };
 
-// Key tile n into the K slot at ring position r, once the consumers have released that slot's K (split release).
-__device__ __forceinline__ void load_k_tile(const Smem& sm, const CUtensorMap* tm_k, int n, int kv_head, int batch,
-                                            const Ring& r) {
-    mbar_wait(sm.k_empty(r.stage), r.phase ^ 1);
-    mbar_arrive_expect_tx(sm.k_full(r.stage), kKVTileBytes);
-#pragma unroll
-    for (int c = 0; c < kDChunks; ++c)
-        tma_load_4d(sm.k_tile(r.stage) + c * kKVChunkBytes, tm_k, c * kSwizzleCols, n * kBc, kv_head, batch,
-                    sm.k_full(r.stage));
-}
-// ... and value tile n into the V slot at r, once that slot's V is released.
-__device__ __forceinline__ void load_v_tile(const Smem& sm, const CUtensorMap* tm_v, int n, int kv_head, int batch,
-                                            const Ring& r) {
-    mbar_wait(sm.v_empty(r.stage), r.phase ^ 1);
-    mbar_arrive_expect_tx(sm.v_full(r.stage), kKVTileBytes);
-#pragma unroll
-    for (int c = 0; c < kDChunks; ++c)
-        tma_load_4d(sm.v_tile(r.stage) + c * kKVChunkBytes, tm_v, c * kSwizzleCols, n * kBc, kv_head, batch,
-                    sm.v_full(r.stage));
-}
-
 // One tile's loads (q_seq: this tile's place in the CTA's Q sequence, persistent only: q_slot_of/q_parity_of).
-// Persistent with one Q slot: K/V(0) (with the split release K(0), K(1), V(0)) go first, into slots the previous
-// tile's last GEMMs free, then Q waits for the
+// Persistent with one Q slot: K/V(0) go first, into slots the previous tile's last P·V frees, then Q waits for the
 // consumers to release the Q slot (after the previous tile's epilogue, which may stage O in it). With two Q slots Q
 // goes first: its slot was released by the tile before the previous one, normally long ago.
 __device__ __forceinline__ void produce(const FlashFwdParams& p, const Smem& sm, const CUtensorMap* tm_q,
@@ -292,44 +270,21 @@ __device__ __forceinline__ void produce(const FlashFwdParams& p, const Smem& sm,
         load_q(sm, q_slot, tm_q, m0, head, batch);
     }
 
-    if constexpr (kKVReleaseSplit) {
-        // K ahead of V, in the consumers' order of need: the overlapped loop issues S(n+1) = Q·K(n+1) together with
-        // P(n)·V(n), and K(n+1)'s slot is free once S(n-1) has completed, a GEMM before V(n)'s (after P(n-2)·V(n-2)).
-        // Loading K(n), V(n), K(n+1) made K(n+1) wait behind V(n)'s slot. The slots are the same as in that order.
-        Ring ahead = ring;
-        for (int n = n_begin; n < n_end; ++n) {
-            if (n == n_begin) {
-                load_k_tile(sm, tm_k, n, kv_head, batch, ahead);
-                ahead.advance();
-            }
-            if (n + 1 < n_end) {
-                load_k_tile(sm, tm_k, n + 1, kv_head, batch, ahead);
-                ahead.advance();
-            }
-            load_v_tile(sm, tm_v, n, kv_head, batch, ring);
-            if constexpr (kPersistent && kQBuffers == 1) {
-                if (n == n_begin) {
-                    mbar_wait(sm.q_empty(q_slot), q_parity_of(q_seq) ^ 1);
-                    load_q(sm, q_slot, tm_q, m0, head, batch);
-                }
-            }
-            ring.advance();
-        }
-        return;
-    }
+    int& stage = ring.stage;
+    uint32_t& phase = ring.phase;
     for (int n = n_begin; n < n_end; ++n) {
-        // Joint release: the slot's K and V go back together, after P·V.
-        mbar_wait(sm.v_empty(ring.stage), ring.phase ^ 1);
-        mbar_arrive_expect_tx(sm.k_full(ring.stage), kKVTileBytes);
+        mbar_wait(kKVReleaseSplit ? sm.k_empty(stage) : sm.v_empty(stage), phase ^ 1);
+        mbar_arrive_expect_tx(sm.k_full(stage), kKVTileBytes);
 #pragma unroll
         for (int c = 0; c < kDChunks; ++c)
-            tma_load_4d(sm.k_tile(ring.stage) + c * kKVChunkBytes, tm_k, c * kSwizzleCols, n * kBc, kv_head, batch,
-                        sm.k_full(ring.stage));
-        mbar_arrive_expect_tx(sm.v_full(ring.stage), kKVTileBytes);
+            tma_load_4d(sm.k_tile(stage) + c * kKVChunkBytes, tm_k, c * kSwizzleCols, n * kBc, kv_head, batch,
+                        sm.k_full(stage));
+        if constexpr (kKVReleaseSplit) mbar_wait(sm.v_empty(stage), phase ^ 1);
+        mbar_arrive_expect_tx(sm.v_full(stage), kKVTileBytes);
 #pragma unroll
         for (int c = 0; c < kDChunks; ++c)
-            tma_load_4d(sm.v_tile(ring.stage) + c * kKVChunkBytes, tm_v, c * kSwizzleCols, n * kBc, kv_head, batch,
-                        sm.v_full(ring.stage));
+            tma_load_4d(sm.v_tile(stage) + c * kKVChunkBytes, tm_v, c * kSwizzleCols, n * kBc, kv_head, batch,
+                        sm.v_full(stage));
         if constexpr (kPersistent && kQBuffers == 1) {
             if (n == n_begin) {
                 mbar_wait(sm.q_empty(q_slot), q_parity_of(q_seq) ^ 1);
