@@ -35,10 +35,6 @@
 #                                                   axis) on the d128, d64, ViT and N512 rows with their shipped configs,
 #                                                   and the d128 ping-pong config with softmax_reduce=tree too (within
 #                                                   one tree, chain against tree is that axis under ping-pong)
-#   bash benchmarks/prefill_checklist.sh defer      the deferred store (a persistent tile's O stored under the next
-#                                                   tile's first S): the wgmma GPU matrix, then benchmarks/kernel_ab.py
-#                                                   against main before it (a9ea61d, carried as .ab/a9ea61d) with two
-#                                                   persistent configs and a grid one as the control
 #   bash benchmarks/prefill_checklist.sh mma-sync [BUDGET_S]   the SM80-style family's non-spilling best on the four
 #                                                   N4096 rows against FlashAttention-2 (SDPA flash) timed beside each
 #                                                   winner: studies/campaigns/h200-mma-sync.toml into $OUT/mma-sync.db
@@ -132,20 +128,6 @@ case "${1:-}" in
       --config "$P,softmax_reduce=tree,exp2_fma=none" --config "$P,softmax_reduce=tree,exp2_fma=quarter" \
       --config "$T,stages=3,exp2_fma=none" --config "$T,stages=3,exp2_fma=quarter" \
       --config "$T,stages=4,exp2_fma=none" --config "$T,stages=4,exp2_fma=quarter" ;;
-  defer)
-    wgmma_matrix
-    #   mkdir -p .ab/a9ea61d && git archive a9ea61d kernels | tar -x -C .ab/a9ea61d   # main before the deferred store
-    [ -d .ab/a9ea61d/kernels ] || { echo "== defer_ab: .ab/a9ea61d/kernels not carried"; exit 1; }
-    W=wgmma:consumer_wgs=2,bc=128,setmaxnreg=1,overlap=1,o_store=smem,min_blocks=1,softmax_reduce=chain,exp2_fma=none
-    W=$W,kv_splits=1,pack_gqa=0
-    P=$W,stages=2,pingpong=1,o_rescale=before   # five d128 rows' shipped config, persistent
-    A=$W,stages=2,pingpong=0,scheduler=persistent,o_rescale=after
-    # the control: the same ping-pong config on the grid scheduler, one tile per CTA, which never defers
-    TAIL=50 step defer_ab 330 python3 -u benchmarks/kernel_ab.py --before .ab/a9ea61d/kernels --out "$OUT/ab-defer" \
-      --rounds 4 --shape b4-h16-n4096-d128-fp16-full --shape b4-h16-n4096-d128-fp16-causal \
-      --shape b1-h64-n1024-d128-fp16-full --shape b16-h16-n512-d64-fp16-full --shape b64-h16-n577-d64-bf16-full \
-      --shape b1-h32-kv8-n8192-d128-bf16-causal \
-      --config "$P,scheduler=persistent" --config "$A" --config "$P,scheduler=grid" ;;
   mma-sync)
     TAIL=12 step mma_sync_campaign $(( ${2:-240} + 30 )) python3 -m autotune.cli campaign studies/campaigns/h200-mma-sync.toml \
       --budget-s "${2:-240}" --storage "sqlite:///$OUT/mma-sync.db" --versus sdpa_flash --markdown "$OUT/mma-sync.md"
@@ -155,5 +137,5 @@ case "${1:-}" in
       PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
-  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|peers|ncu|levers|stalls|exp2|defer|mma-sync [BUDGET_S]" >&2; exit 2 ;;
+  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|peers|ncu|levers|stalls|exp2|mma-sync [BUDGET_S]" >&2; exit 2 ;;
 esac

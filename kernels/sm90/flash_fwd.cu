@@ -588,15 +588,165 @@ __device__ __forceinline__ void release_q(const Smem& sm, uint32_t slot) {
     if (threadIdx.x % 32 == 0) mbar_arrive(sm.q_empty(slot));
 }
 
-// A finished tile's epilogue: O normalised by the row sums, stored (or, split, the fp32 partials), and the LSE.
-// o, m, l: the tile's accumulators and row statistics (l is reduced over the quad in place).
-__device__ __forceinline__ void store_tile(const FlashFwdParams& p, const Smem& sm, int wg, int wg_q0, int head,
-                                           int batch, int split, uint32_t q_slot, float (&o)[kORegs],
-                                           const float (&m)[2], float (&l)[2]) {
+// head: the tile's head (packed GQA: the first head of its group); n_begin, n_end: the key tiles of this CTA's
+// split (all of them without split-KV); split: which one.
+__device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm, int wg, int m0, int head,
+                                        int batch, int n_begin, int n_end, int split, Ring& ring, uint32_t q_seq) {
     const int tid = threadIdx.x % 128;
     const int warp = tid / 32, lane = tid % 32;
-    const int local_row0 = warp * 16 + lane / 4;
+    const int wg_q0 = m0 + wg * query_rows_per_wg(p);   // first query row of this warpgroup
+    const int local_row0 = warp * 16 + lane / 4;        // this thread's rows of the tile: local_row0 and + 8
+    // This batch row's keys and causal offset (kernels/common/seqused.cuh), read at each use.
+    // The last key each of the thread's rows may see under causal masking, and that of the warpgroup's first row.
+    const int diag0 = row_of(p, wg_q0, head, local_row0).qrow + causal_offset_of(p, batch);
+    const int diag1 = row_of(p, wg_q0, head, local_row0 + 8).qrow + causal_offset_of(p, batch);
+    const int wg_diag = wg_q0 + causal_offset_of(p, batch);
+    const uint32_t q_slot = q_slot_of(q_seq);
     const uint32_t q_addr = sm.q_slot(q_slot) + wg * kQWGBytes;
+    const float scale_log2 = p.scale_log2;
+    const Turns turns{wg};
+
+    float o[kORegs];
+#pragma unroll
+    for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
+    float s[kSRegs];  // written by the first wgmma (scale-d 0); zeroed so the asm's "+f" never reads garbage
+#pragma unroll
+    for (int i = 0; i < kSRegs; ++i) s[i] = 0.f;
+    uint32_t pf[kPRegs];
+    float m[2] = {-CUDART_INF_F, -CUDART_INF_F};
+    float l[2] = {0.f, 0.f};
+    float corr[2];
+
+    if constexpr (kPingPong) {
+        if (wg == 1) named_bar_arrive(kPingPongBarrier0, kPingPongThreads);  // warpgroup 0 takes the first turn
+    }
+    if constexpr (!kPackGqa) mbar_wait(sm.q_full(q_slot), q_parity_of(q_seq));
+
+    int& stage = ring.stage;
+    uint32_t& phase = ring.phase;
+    // A warpgroup whose 64 rows all lie past seqlen_q (in the last query block when seqlen_q is not a multiple of Br,
+    // e.g. N 512 with Br 192: a ninth of that shape's GEMMs) has nothing to compute. It only walks the ring, arriving
+    // on each slot's K and V empty barriers once the slot has been filled (so its arrivals count towards the same use
+    // as the other warpgroups'), and, persistent, gives the Q slot back (after the Q-full wait above: Q of this tile
+    // is loaded only once every warpgroup has released the previous one). Not under ping-pong, whose turns pair the
+    // two warpgroups' GEMM issues one to one.
+    if constexpr (!kPingPong) {
+        if (wg_q0 >= p.seqlen_q) {
+            for (int n = n_begin; n < n_end; ++n) {
+                mbar_wait(sm.k_full(stage), phase);
+                release_k(sm, stage);
+                mbar_wait(sm.v_full(stage), phase);
+                release(sm.v_empty(stage));
+                ring.advance();
+            }
+            if constexpr (kPersistent) release_q(sm, q_slot);
+            return;
+        }
+    }
+    if constexpr (kPackGqa) load_q_packed(p, q_addr, wg_q0, head, batch, wg);
+    if constexpr (!kOverlap) {
+        for (int n = n_begin; n < n_end; ++n) {
+            mbar_wait(sm.k_full(stage), phase);
+            fence_regs(s);
+            wgmma_fence();
+            issue_qk(s, q_addr, sm.k_tile(stage));
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(s);
+            release_k(sm, stage);
+            softmax_any(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
+                        n * kBc, keys_of(p, batch));
+            rescale_o(o, corr);
+            convert_p(s, pf);
+            mbar_wait(sm.v_full(stage), phase);
+            clear_unused_v(p, sm.v_tile(stage), n, keys_of(p, batch), wg);
+            fence_regs(o);
+            fence_regs(pf);
+            wgmma_fence();
+            issue_pv(o, pf, sm.v_tile(stage));
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(o);
+            release(sm.v_empty(stage));
+            ring.advance();
+        }
+    } else {
+        // Prologue: S(0) and its softmax; O is still zero, so its correction factor is irrelevant.
+        mbar_wait(sm.k_full(stage), phase);
+        turns.begin();
+        fence_regs(s);
+        wgmma_fence();
+        issue_qk(s, q_addr, sm.k_tile(stage));
+        wgmma_commit();
+        turns.end(false);
+        wgmma_wait<0>();
+        fence_regs(s);
+        release_k(sm, stage);
+        softmax_any(tile_needs_mask(n_begin, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
+                    n_begin * kBc, keys_of(p, batch));
+        convert_p(s, pf);
+
+        int prev_stage = stage;
+        uint32_t prev_phase = phase;
+        ring.advance();
+        // o_rescale=after: O(n-1) = (O(n-2) + P(n-1)·V(n-1)) · corr(n), once P·V has completed (O is then on the
+        // path from the P·V wait to the next issue). o_rescale=before (FA3's order for head_dim > 128): O(n-2) is
+        // multiplied by corr(n-1) right after S(n) is issued, under that GEMM, and P(n-1)·V(n-1) accumulates onto it.
+        // Both apply every factor once; with P(0)·V(0) onto the zero O, the first factor never matters.
+        for (int n = n_begin + 1; n < n_end; ++n) {
+            mbar_wait(sm.k_full(stage), phase);
+            if constexpr (!kRescaleBefore) {
+                mbar_wait(sm.v_full(prev_stage), prev_phase);
+                clear_unused_v(p, sm.v_tile(prev_stage), n - 1, keys_of(p, batch), wg);
+            }
+            turns.begin();
+            fence_regs(s);
+            fence_regs(o);
+            fence_regs(pf);
+            wgmma_fence();
+            issue_qk(s, q_addr, sm.k_tile(stage));
+            wgmma_commit();
+            if constexpr (kRescaleBefore) {
+                rescale_o(o, corr);
+                mbar_wait(sm.v_full(prev_stage), prev_phase);
+                clear_unused_v(p, sm.v_tile(prev_stage), n - 1, keys_of(p, batch), wg);
+                fence_regs(o);
+                wgmma_fence();
+            }
+            issue_pv(o, pf, sm.v_tile(prev_stage));
+            wgmma_commit();
+            turns.end(false);
+            wgmma_wait<1>();  // S(n) is ready; P(n-1)·V(n-1) may still run under the softmax
+            fence_regs(s);
+            release_k(sm, stage);
+            softmax_any(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
+                        n * kBc, keys_of(p, batch));
+            wgmma_wait<0>();
+            fence_regs(o);
+            fence_regs(pf);
+            release(sm.v_empty(prev_stage));
+            if constexpr (!kRescaleBefore) rescale_o(o, corr);
+            convert_p(s, pf);
+            prev_stage = stage;
+            prev_phase = phase;
+            ring.advance();
+        }
+        // Epilogue: the last P·V.
+        if constexpr (kRescaleBefore) rescale_o(o, corr);
+        mbar_wait(sm.v_full(prev_stage), prev_phase);
+        clear_unused_v(p, sm.v_tile(prev_stage), n_end - 1, keys_of(p, batch), wg);
+        turns.begin();
+        fence_regs(o);
+        fence_regs(pf);
+        wgmma_fence();
+        issue_pv(o, pf, sm.v_tile(prev_stage));
+        wgmma_commit();
+        turns.end(true);
+        wgmma_wait<0>();
+        fence_regs(o);
+        release(sm.v_empty(prev_stage));
+    }
+
     // Persistent, O written from registers: every wgmma that read this tile's Q has completed, so the producer may
     // load the next tile's Q while this one normalises and stores.
     if constexpr (kPersistent && !kOStoreSmem) release_q(sm, q_slot);
@@ -691,206 +841,6 @@ __device__ __forceinline__ void store_tile(const FlashFwdParams& p, const Smem& 
     }
 }
 
-// O and the row statistics of a consumer warpgroup's tile, and, with the deferred store (traits: kDeferStore), the
-// finished tile they belong to until its store has run.
-struct TileOut {
-    float o[kORegs];
-    float m[2], l[2];
-    int wg_q0, head, batch;
-    uint32_t q_slot;
-    bool pending = false;
-    __device__ void start() {
-#pragma unroll
-        for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
-        m[0] = m[1] = -CUDART_INF_F;
-        l[0] = l[1] = 0.f;
-    }
-    __device__ void set(int q0, int h, int b, uint32_t slot) {
-        wg_q0 = q0, head = h, batch = b, q_slot = slot;
-        pending = true;
-    }
-    __device__ void flush(const FlashFwdParams& p, const Smem& sm, int wg) {
-        if (pending) store_tile(p, sm, wg, wg_q0, head, batch, 0, q_slot, o, m, l);
-        pending = false;
-    }
-};
-
-// head: the tile's head (packed GQA: the first head of its group); n_begin, n_end: the key tiles of this CTA's
-// split (all of them without split-KV); split: which one.
-__device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm, int wg, int m0, int head,
-                                        int batch, int n_begin, int n_end, int split, Ring& ring, uint32_t q_seq,
-                                        TileOut& out) {
-    const int tid = threadIdx.x % 128;
-    const int warp = tid / 32, lane = tid % 32;
-    const int wg_q0 = m0 + wg * query_rows_per_wg(p);   // first query row of this warpgroup
-    const int local_row0 = warp * 16 + lane / 4;        // this thread's rows of the tile: local_row0 and + 8
-    // This batch row's keys and causal offset (kernels/common/seqused.cuh), read at each use.
-    // The last key each of the thread's rows may see under causal masking, and that of the warpgroup's first row.
-    const int diag0 = row_of(p, wg_q0, head, local_row0).qrow + causal_offset_of(p, batch);
-    const int diag1 = row_of(p, wg_q0, head, local_row0 + 8).qrow + causal_offset_of(p, batch);
-    const int wg_diag = wg_q0 + causal_offset_of(p, batch);
-    const uint32_t q_slot = q_slot_of(q_seq);
-    const uint32_t q_addr = sm.q_slot(q_slot) + wg * kQWGBytes;
-    const float scale_log2 = p.scale_log2;
-    const Turns turns{wg};
-
-    // O and the row statistics live in `out`: with the deferred store they still hold the previous tile's until
-    // its store has run (under this tile's first S), and they are zeroed after it.
-    float (&o)[kORegs] = out.o;
-    float (&m)[2] = out.m;
-    float (&l)[2] = out.l;
-    if constexpr (!kDeferStore) out.start();
-    float s[kSRegs];  // written by the first wgmma (scale-d 0); zeroed so the asm's "+f" never reads garbage
-#pragma unroll
-    for (int i = 0; i < kSRegs; ++i) s[i] = 0.f;
-    uint32_t pf[kPRegs];
-    float corr[2];
-
-    if constexpr (kPingPong) {
-        if (wg == 1) named_bar_arrive(kPingPongBarrier0, kPingPongThreads);  // warpgroup 0 takes the first turn
-    }
-    if constexpr (!kPackGqa) mbar_wait(sm.q_full(q_slot), q_parity_of(q_seq));
-
-    int& stage = ring.stage;
-    uint32_t& phase = ring.phase;
-    // A warpgroup whose 64 rows all lie past seqlen_q (in the last query block when seqlen_q is not a multiple of Br,
-    // e.g. N 512 with Br 192: a ninth of that shape's GEMMs) has nothing to compute. It only walks the ring, arriving
-    // on each slot's K and V empty barriers once the slot has been filled (so its arrivals count towards the same use
-    // as the other warpgroups'), and, persistent, gives the Q slot back (after the Q-full wait above: Q of this tile
-    // is loaded only once every warpgroup has released the previous one). Not under ping-pong, whose turns pair the
-    // two warpgroups' GEMM issues one to one.
-    if constexpr (!kPingPong) {
-        if (wg_q0 >= p.seqlen_q) {
-            if constexpr (kDeferStore) {
-                out.flush(p, sm, wg);
-                out.start();
-            }
-            for (int n = n_begin; n < n_end; ++n) {
-                mbar_wait(sm.k_full(stage), phase);
-                release_k(sm, stage);
-                mbar_wait(sm.v_full(stage), phase);
-                release(sm.v_empty(stage));
-                ring.advance();
-            }
-            if constexpr (kPersistent) release_q(sm, q_slot);
-            return;
-        }
-    }
-    if constexpr (kPackGqa) load_q_packed(p, q_addr, wg_q0, head, batch, wg);
-    if constexpr (!kOverlap) {
-        for (int n = n_begin; n < n_end; ++n) {
-            mbar_wait(sm.k_full(stage), phase);
-            fence_regs(s);
-            wgmma_fence();
-            issue_qk(s, q_addr, sm.k_tile(stage));
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(s);
-            release_k(sm, stage);
-            softmax_any(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
-                        n * kBc, keys_of(p, batch));
-            rescale_o(o, corr);
-            convert_p(s, pf);
-            mbar_wait(sm.v_full(stage), phase);
-            clear_unused_v(p, sm.v_tile(stage), n, keys_of(p, batch), wg);
-            fence_regs(o);
-            fence_regs(pf);
-            wgmma_fence();
-            issue_pv(o, pf, sm.v_tile(stage));
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(o);
-            release(sm.v_empty(stage));
-            ring.advance();
-        }
-    } else {
-        // Prologue: S(0) and its softmax; O is still zero, so its correction factor is irrelevant.
-        mbar_wait(sm.k_full(stage), phase);
-        turns.begin();
-        fence_regs(s);
-        wgmma_fence();
-        issue_qk(s, q_addr, sm.k_tile(stage));
-        wgmma_commit();
-        turns.end(false);
-        if constexpr (kDeferStore) {
-            out.flush(p, sm, wg);  // the previous tile's O, normalised and stored while S(0) runs
-            out.start();
-        }
-        wgmma_wait<0>();
-        fence_regs(s);
-        release_k(sm, stage);
-        softmax_any(tile_needs_mask(n_begin, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
-                    n_begin * kBc, keys_of(p, batch));
-        convert_p(s, pf);
-
-        int prev_stage = stage;
-        uint32_t prev_phase = phase;
-        ring.advance();
-        // o_rescale=after: O(n-1) = (O(n-2) + P(n-1)·V(n-1)) · corr(n), once P·V has completed (O is then on the
-        // path from the P·V wait to the next issue). o_rescale=before (FA3's order for head_dim > 128): O(n-2) is
-        // multiplied by corr(n-1) right after S(n) is issued, under that GEMM, and P(n-1)·V(n-1) accumulates onto it.
-        // Both apply every factor once; with P(0)·V(0) onto the zero O, the first factor never matters.
-        for (int n = n_begin + 1; n < n_end; ++n) {
-            mbar_wait(sm.k_full(stage), phase);
-            if constexpr (!kRescaleBefore) {
-                mbar_wait(sm.v_full(prev_stage), prev_phase);
-                clear_unused_v(p, sm.v_tile(prev_stage), n - 1, keys_of(p, batch), wg);
-            }
-            turns.begin();
-            fence_regs(s);
-            fence_regs(o);
-            fence_regs(pf);
-            wgmma_fence();
-            issue_qk(s, q_addr, sm.k_tile(stage));
-            wgmma_commit();
-            if constexpr (kRescaleBefore) {
-                rescale_o(o, corr);
-                mbar_wait(sm.v_full(prev_stage), prev_phase);
-                clear_unused_v(p, sm.v_tile(prev_stage), n - 1, keys_of(p, batch), wg);
-                fence_regs(o);
-                wgmma_fence();
-            }
-            issue_pv(o, pf, sm.v_tile(prev_stage));
-            wgmma_commit();
-            turns.end(false);
-            wgmma_wait<1>();  // S(n) is ready; P(n-1)·V(n-1) may still run under the softmax
-            fence_regs(s);
-            release_k(sm, stage);
-            softmax_any(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
-                        n * kBc, keys_of(p, batch));
-            wgmma_wait<0>();
-            fence_regs(o);
-            fence_regs(pf);
-            release(sm.v_empty(prev_stage));
-            if constexpr (!kRescaleBefore) rescale_o(o, corr);
-            convert_p(s, pf);
-            prev_stage = stage;
-            prev_phase = phase;
-            ring.advance();
-        }
-        // Epilogue: the last P·V.
-        if constexpr (kRescaleBefore) rescale_o(o, corr);
-        mbar_wait(sm.v_full(prev_stage), prev_phase);
-        clear_unused_v(p, sm.v_tile(prev_stage), n_end - 1, keys_of(p, batch), wg);
-        turns.begin();
-        fence_regs(o);
-        fence_regs(pf);
-        wgmma_fence();
-        issue_pv(o, pf, sm.v_tile(prev_stage));
-        wgmma_commit();
-        turns.end(true);
-        wgmma_wait<0>();
-        fence_regs(o);
-        release(sm.v_empty(prev_stage));
-    }
-
-    if constexpr (kDeferStore) {
-        out.set(wg_q0, head, batch, q_slot);  // stored under the next tile's first S, or after the last tile
-    } else {
-        store_tile(p, sm, wg, wg_q0, head, batch, split, q_slot, o, m, l);
-    }
-}
-
 }  // namespace sm90
 
 using namespace sm90;
@@ -972,8 +922,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
                 produce(p, sm, &tm_q, &tm_k, &tm_v, m0, tile.head, kv_head, tile.batch, n_begin, n_end, ring, 0);
         } else {
             if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
-            TileOut out;
-            consume(p, sm, warpgroup - 1, m0, tile.head, tile.batch, n_begin, n_end, split, ring, 0, out);
+            consume(p, sm, warpgroup - 1, m0, tile.head, tile.batch, n_begin, n_end, split, ring, 0);
         }
     } else {
         // Every role walks the same tile sequence; the mbarrier parities (ring, Q full/empty) carry across tiles.
@@ -986,12 +935,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
                 });
         } else {
             if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
-            TileOut out;
             for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_seq) {
                 consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, 0, num_kv_tiles(p, work_m0, work.batch),
-                        0, ring, q_seq, out);
+                        0, ring, q_seq);
             });
-            if constexpr (kDeferStore) out.flush(p, sm, warpgroup - 1);  // the last tile's store
         }
     }
 }

@@ -94,13 +94,6 @@ constexpr int kSmemTwoQ = kSmemAlign + 2 * kQBytes + 2 * kStages * kKVTileBytes 
 constexpr bool kKVReleaseSplit = kOverlap && kStages == 2;
 constexpr int kQBuffers =
     kPersistent && kSmemTwoQ <= 232448 && (kMinBlocks == 1 || kMinBlocks * (kSmemTwoQ + 1024) <= 233472) ? 2 : 1;
-// Deferred store: a persistent consumer warpgroup normalises and stores a tile's O while the next tile's first
-// S = Q·Kᵀ runs on the tensor cores, instead of before issuing it (the epilogue was the pipe's idle time between two
-// tiles). O is staged in the finished tile's Q slot, so the next tile's Q needs the other one: two Q slots. Split and
-// packed builds run on the grid scheduler, so never here. Only the overlapped loop, whose prologue issues S(0) on
-// its own: in the non-overlapped loop the store inside the first iteration spilled (three consumer warpgroups d64:
-// 100 B). Not an axis: it only moves work under a GEMM.
-constexpr bool kDeferStore = kPersistent && kOverlap && kOStoreSmem && kQBuffers == 2;
 // L2 bytes one section of heads may fill with its K and V (the H200 has 60 MB in two halves; FA3/FA4 budget 32-50 MB).
 constexpr long long kL2SectionBytes = 32ll << 20;
 // Q full per Q slot; K full, V full, K empty, V empty per stage (K and V of a slot are released separately: K once
