@@ -35,6 +35,17 @@
 #                                                   axis) on the d128, d64, ViT and N512 rows with their shipped configs,
 #                                                   and the d128 ping-pong config with softmax_reduce=tree too (within
 #                                                   one tree, chain against tree is that axis under ping-pong)
+#   bash benchmarks/prefill_checklist.sh sm80-regs [BUDGET_S]   the SM80-style kernel's loop holding only what it
+#                                                   uses on every tile (FlashAttention-2's 128x64 d128 tile no longer
+#                                                   spills): the mma_sync GPU matrix (tests/test_kernel_gpu.py), then
+#                                                   benchmarks/kernel_ab.py against main before it (208bc9a, carried as
+#                                                   .ab/208bc9a) with 128x64 and 128x32 on the four N4096 rows (SDPA
+#                                                   flash timed beside them), then, given BUDGET_S, the mma-sync
+#                                                   campaign (below), which enqueues 128x64
+#   bash benchmarks/prefill_checklist.sh turns      ping-pong turns without the first S and the last P·V (FlashAttention-4's
+#                                                   boundaries): the wgmma GPU matrix, then benchmarks/kernel_ab.py
+#                                                   against 208bc9a (carried as .ab/208bc9a) with the d128 rows'
+#                                                   ping-pong config, persistent and grid, and a pingpong=0 control
 #   bash benchmarks/prefill_checklist.sh mma-sync [BUDGET_S]   the SM80-style family's non-spilling best on the four
 #                                                   N4096 rows against FlashAttention-2 (SDPA flash) timed beside each
 #                                                   winner: studies/campaigns/h200-mma-sync.toml into $OUT/mma-sync.db
@@ -128,6 +139,30 @@ case "${1:-}" in
       --config "$P,softmax_reduce=tree,exp2_fma=none" --config "$P,softmax_reduce=tree,exp2_fma=quarter" \
       --config "$T,stages=3,exp2_fma=none" --config "$T,stages=3,exp2_fma=quarter" \
       --config "$T,stages=4,exp2_fma=none" --config "$T,stages=4,exp2_fma=quarter" ;;
+  sm80-regs)
+    prebuild_plans test_kernel_gpu
+    TAIL=8 step mma_sync_tests 240 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_kernel_gpu.py --maxfail=30
+    #   mkdir -p .ab/208bc9a && git archive 208bc9a kernels | tar -x -C .ab/208bc9a   # main before the change
+    [ -d .ab/208bc9a/kernels ] || { echo "== sm80_ab: .ab/208bc9a/kernels not carried"; exit 1; }
+    M=mma_sync:br=128,warps_m=4,warps_n=1,p_path=regs,smem_mode=dynamic,kv_buffering=separate,loader_warps=0
+    M=$M,min_blocks=1,q_in_regs=0,softmax_reduce=chain,o_rescale=on_growth,kv_splits=1
+    TAIL=40 step sm80_ab 300 python3 -u benchmarks/kernel_ab.py --before .ab/208bc9a/kernels --out "$OUT/ab-sm80" \
+      --rounds 3 --shape b4-h16-n4096-d128-fp16-full --shape b4-h16-n4096-d128-fp16-causal \
+      --shape b4-h32-n4096-d64-fp16-full --shape b4-h16-n4096-d128-bf16-full \
+      --config "$M,bc=64" --config "$M,bc=32"
+    if [ -n "${2:-}" ]; then bash "$0" mma-sync "$2"; fi ;;
+  turns)
+    wgmma_matrix
+    [ -d .ab/208bc9a/kernels ] || { echo "== turns_ab: .ab/208bc9a/kernels not carried"; exit 1; }
+    W=wgmma:consumer_wgs=2,bc=128,setmaxnreg=1,overlap=1,o_store=smem,min_blocks=1,softmax_reduce=chain,exp2_fma=none
+    W=$W,kv_splits=1,pack_gqa=0
+    P=$W,stages=2,pingpong=1,o_rescale=before   # five d128 rows' shipped config, persistent
+    # the control: pingpong=0 takes no turns, so its change is the method's noise
+    TAIL=50 step turns_ab 330 python3 -u benchmarks/kernel_ab.py --before .ab/208bc9a/kernels --out "$OUT/ab-turns" \
+      --rounds 3 --shape b4-h16-n4096-d128-fp16-full --shape b1-h64-n1024-d128-fp16-full \
+      --shape b1-h24-n4608-d128-bf16-full --shape b1-h32-kv8-n8192-d128-bf16-causal \
+      --config "$P,scheduler=persistent" --config "$P,scheduler=grid" \
+      --config "$W,stages=2,pingpong=0,scheduler=persistent,o_rescale=after" ;;
   mma-sync)
     TAIL=12 step mma_sync_campaign $(( ${2:-240} + 30 )) python3 -m autotune.cli campaign studies/campaigns/h200-mma-sync.toml \
       --budget-s "${2:-240}" --storage "sqlite:///$OUT/mma-sync.db" --versus sdpa_flash --markdown "$OUT/mma-sync.md"
@@ -137,5 +172,5 @@ case "${1:-}" in
       PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
-  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|peers|ncu|levers|stalls|exp2|mma-sync [BUDGET_S]" >&2; exit 2 ;;
+  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|peers|ncu|levers|stalls|exp2|sm80-regs [BUDGET_S]|turns|mma-sync [BUDGET_S]" >&2; exit 2 ;;
 esac
