@@ -533,9 +533,7 @@ __device__ __forceinline__ void load_q_packed(const FlashFwdParams& p, uint32_t 
 
 // Ping-pong turns: warpgroup w waits on barrier (1 + w) before issuing its GEMMs and, once issued, lets the
 // other one go. Both take the same number of turns, so the other's opening arrive and the skipped final arrive
-// of warpgroup 1 leave no barrier half-arrived at exit. A tile's turns are its loop's S(n) + P(n-1)·V(n-1) issues:
-// S(0) and the last P·V are issued outside any turn (FlashAttention-4's boundaries), so neither waits for the other
-// warpgroup at the start or the end of a tile; a one-key-tile tile, whose loop is empty, takes one turn for its P·V.
+// of warpgroup 1 leave no barrier half-arrived at exit.
 struct Turns {
     int wg;
     __device__ void begin() const {
@@ -675,10 +673,12 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     } else {
         // Prologue: S(0) and its softmax; O is still zero, so its correction factor is irrelevant.
         mbar_wait(sm.k_full(stage), phase);
+        turns.begin();
         fence_regs(s);
         wgmma_fence();
         issue_qk(s, q_addr, sm.k_tile(stage));
         wgmma_commit();
+        turns.end(false);
         wgmma_wait<0>();
         fence_regs(s);
         release_k(sm, stage);
@@ -715,7 +715,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             }
             issue_pv(o, pf, sm.v_tile(prev_stage));
             wgmma_commit();
-            turns.end(n + 1 == n_end);
+            turns.end(false);
             wgmma_wait<1>();  // S(n) is ready; P(n-1)·V(n-1) may still run under the softmax
             fence_regs(s);
             release_k(sm, stage);
@@ -735,14 +735,13 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         if constexpr (kRescaleBefore) rescale_o(o, corr);
         mbar_wait(sm.v_full(prev_stage), prev_phase);
         clear_unused_v(p, sm.v_tile(prev_stage), n_end - 1, keys_of(p, batch), wg);
-        const bool loop_was_empty = n_begin + 1 == n_end;  // then this P·V is the tile's one turn
-        if (loop_was_empty) turns.begin();
+        turns.begin();
         fence_regs(o);
         fence_regs(pf);
         wgmma_fence();
         issue_pv(o, pf, sm.v_tile(prev_stage));
         wgmma_commit();
-        if (loop_was_empty) turns.end(true);
+        turns.end(true);
         wgmma_wait<0>();
         fence_regs(o);
         release(sm.v_empty(prev_stage));
