@@ -40,9 +40,8 @@ constexpr int kSRegs = kBc / 2;        // S accumulator floats per thread
 constexpr int kORegs = kHeadDim / 2;   // O accumulator floats per thread
 constexpr int kPRegs = kBc / 4;        // P as f16x2/bf16x2 A fragments
 constexpr uint32_t kPingPongThreads = 256;
-constexpr uint32_t kPingPongBarrier0 = 1;  // ids 1 .. kConsumerWGs under ping-pong, one per warpgroup (0: __syncthreads)
-// ids from here, one per consumer warpgroup: 3 .. 3 + kConsumerWGs - 1, or 4 .. 6 past three warpgroups' turns
-constexpr uint32_t kOStoreBarrier0 = kPingPongBarrier0 + (kPingPong ? kConsumerWGs : 2);
+constexpr uint32_t kPingPongBarrier0 = 1;  // named barrier ids 1, 2 (0 is __syncthreads)
+constexpr uint32_t kOStoreBarrier0 = 3;    // ids 3 .. 3 + kConsumerWGs - 1: one per consumer warpgroup
 constexpr int kORowBytes = kHeadDim * kElemBytes;
 
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) { return flash_common::pack2<kBf16>(lo, hi); }
@@ -532,13 +531,9 @@ __device__ __forceinline__ void load_q_packed(const FlashFwdParams& p, uint32_t 
     named_bar_sync(kOStoreBarrier0 + wg, 128);
 }
 
-// Ping-pong turns, round-robin: warpgroup w waits on barrier (1 + w) before issuing its GEMMs and, once issued,
-// lets the next one (w + 1, the last one's next being 0) go: two warpgroups alternate, three (FlashAttention-4's d64
-// loop, 192 x 128) go in order, each a third of a turn cycle after the one before. All take the same number of
-// turns, so the last warpgroup's opening arrive (to warpgroup 0) and its skipped final arrive leave no barrier
-// half-arrived at exit. A barrier is never arrived at twice before its sync: warpgroup w - 1's next arrive needs
-// a turn that comes after w's.
-constexpr int kLastWG = kConsumerWGs - 1;
+// Ping-pong turns: warpgroup w waits on barrier (1 + w) before issuing its GEMMs and, once issued, lets the
+// other one go. Both take the same number of turns, so the other's opening arrive and the skipped final arrive
+// of warpgroup 1 leave no barrier half-arrived at exit.
 struct Turns {
     int wg;
     __device__ void begin() const {
@@ -546,8 +541,7 @@ struct Turns {
     }
     __device__ void end(bool last) const {
         if constexpr (kPingPong) {
-            const int next = wg == kLastWG ? 0 : wg + 1;
-            if (!(last && wg == kLastWG)) named_bar_arrive(kPingPongBarrier0 + next, kPingPongThreads);
+            if (!(last && wg == 1)) named_bar_arrive(kPingPongBarrier0 + (1 - wg), kPingPongThreads);
         }
     }
 };
@@ -624,7 +618,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     float corr[2];
 
     if constexpr (kPingPong) {
-        if (wg == kLastWG) named_bar_arrive(kPingPongBarrier0, kPingPongThreads);  // warpgroup 0 takes the first turn
+        if (wg == 1) named_bar_arrive(kPingPongBarrier0, kPingPongThreads);  // warpgroup 0 takes the first turn
     }
     if constexpr (!kPackGqa) mbar_wait(sm.q_full(q_slot), q_parity_of(q_seq));
 
@@ -635,7 +629,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     // on each slot's K and V empty barriers once the slot has been filled (so its arrivals count towards the same use
     // as the other warpgroups'), and, persistent, gives the Q slot back (after the Q-full wait above: Q of this tile
     // is loaded only once every warpgroup has released the previous one). Not under ping-pong, whose turns pair the
-    // warpgroups' GEMM issues one to one.
+    // two warpgroups' GEMM issues one to one.
     if constexpr (!kPingPong) {
         if (wg_q0 >= p.seqlen_q) {
             for (int n = n_begin; n < n_end; ++n) {
