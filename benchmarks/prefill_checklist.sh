@@ -41,11 +41,14 @@
 #                                                   benchmarks/kernel_ab.py against main before it (208bc9a, carried as
 #                                                   .ab/208bc9a) with 128x64 and 128x32 on the four N4096 rows (SDPA
 #                                                   flash timed beside them), then, given BUDGET_S, the mma-sync
-#                                                   campaign (below), which enqueues 128x64
+#                                                   campaign (below), which enqueues 128x64. The change is reverted on
+#                                                   main until measured: first `git checkout 56e86ac --
+#                                                   kernels/sm80/flash_fwd.cu studies/campaigns/h200-mma-sync.toml`
 #   bash benchmarks/prefill_checklist.sh turns      ping-pong turns without the first S and the last P·V (FlashAttention-4's
 #                                                   boundaries): the wgmma GPU matrix, then benchmarks/kernel_ab.py
 #                                                   against 208bc9a (carried as .ab/208bc9a) with the d128 rows'
-#                                                   ping-pong config, persistent and grid, and a pingpong=0 control
+#                                                   ping-pong config, persistent and grid, and a pingpong=0 control;
+#                                                   first `git revert ddbe8f3` (reverted on main until measured)
 #   bash benchmarks/prefill_checklist.sh mma-sync [BUDGET_S]   the SM80-style family's non-spilling best on the four
 #                                                   N4096 rows against FlashAttention-2 (SDPA flash) timed beside each
 #                                                   winner: studies/campaigns/h200-mma-sync.toml into $OUT/mma-sync.db
@@ -59,10 +62,7 @@ FA4_SITE=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages  # the wheel's .pth
 VIT_CONFIG="wgmma:bc=128,stages=3,setmaxnreg=1,overlap=0,pingpong=0,o_store=smem,min_blocks=1,o_rescale=after"
 VIT_CONFIG="$VIT_CONFIG,kv_splits=1,pack_gqa=0"
 if [ -d .fa4a ]; then mkdir -p /tmp/fa4 && cp .fa4a/* /tmp/fa4/ && echo "== staged .fa4a in /tmp/fa4"; fi
-wgmma_matrix() {  # the wgmma GPU correctness matrix, its kernels built first in one process
-  prebuild_plans test_wgmma_gpu
-  TAIL=8 step wgmma_tests 220 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_wgmma_gpu.py --maxfail=30
-}
+wgmma_matrix() { gpu_matrix test_wgmma_gpu wgmma_tests 220; }
 case "${1:-}" in
   vit-dram)
     for n in 577 576; do
@@ -140,8 +140,7 @@ case "${1:-}" in
       --config "$T,stages=3,exp2_fma=none" --config "$T,stages=3,exp2_fma=quarter" \
       --config "$T,stages=4,exp2_fma=none" --config "$T,stages=4,exp2_fma=quarter" ;;
   sm80-regs)
-    prebuild_plans test_kernel_gpu
-    TAIL=8 step mma_sync_tests 240 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_kernel_gpu.py --maxfail=30
+    gpu_matrix test_kernel_gpu mma_sync_tests 240
     #   mkdir -p .ab/208bc9a && git archive 208bc9a kernels | tar -x -C .ab/208bc9a   # main before the change
     [ -d .ab/208bc9a/kernels ] || { echo "== sm80_ab: .ab/208bc9a/kernels not carried"; exit 1; }
     M=mma_sync:br=128,warps_m=4,warps_n=1,p_path=regs,smem_mode=dynamic,kv_buffering=separate,loader_warps=0
