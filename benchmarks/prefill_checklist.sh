@@ -49,6 +49,12 @@
 #                                                   against 208bc9a (carried as .ab/208bc9a) with the d128 rows'
 #                                                   ping-pong config, persistent and grid, and a pingpong=0 control;
 #                                                   first `git revert ddbe8f3` (reverted on main until measured)
+#   bash benchmarks/prefill_checklist.sh verify     the GPU matrices of both families (tests/test_kernel_gpu.py and
+#                                                   tests/test_wgmma_gpu.py) in one pytest, while the kernels of `ab`
+#                                                   build beside it (AB_CACHE, kept for `ab` if the host stays up)
+#   bash benchmarks/prefill_checklist.sh ab [ROUNDS]   the A/Bs of sm80-regs, turns and the three-warpgroup ping-pong
+#                                                   (sm80_ab, turns_ab, rr3_ab: cw3 ping-pong on the d64 rows against
+#                                                   their shipped cw3 config) against 208bc9a (.ab/208bc9a) in one run
 #   bash benchmarks/prefill_checklist.sh mma-sync [BUDGET_S]   the SM80-style family's non-spilling best on the four
 #                                                   N4096 rows against FlashAttention-2 (SDPA flash) timed beside each
 #                                                   winner: studies/campaigns/h200-mma-sync.toml into $OUT/mma-sync.db
@@ -63,6 +69,35 @@ VIT_CONFIG="wgmma:bc=128,stages=3,setmaxnreg=1,overlap=0,pingpong=0,o_store=smem
 VIT_CONFIG="$VIT_CONFIG,kv_splits=1,pack_gqa=0"
 if [ -d .fa4a ]; then mkdir -p /tmp/fa4 && cp .fa4a/* /tmp/fa4/ && echo "== staged .fa4a in /tmp/fa4"; fi
 wgmma_matrix() { gpu_matrix test_wgmma_gpu wgmma_tests 220; }
+export AB_CACHE=${AB_CACHE:-/tmp/autotune-ab-cache}
+SM80=mma_sync:br=128,warps_m=4,warps_n=1,p_path=regs,smem_mode=dynamic,kv_buffering=separate,loader_warps=0
+SM80=$SM80,min_blocks=1,q_in_regs=0,softmax_reduce=chain,o_rescale=on_growth,kv_splits=1
+SM80_AB=(--shape b4-h16-n4096-d128-fp16-full --shape b4-h16-n4096-d128-fp16-causal --shape b4-h32-n4096-d64-fp16-full
+  --shape b4-h16-n4096-d128-bf16-full --config "$SM80,bc=64" --config "$SM80,bc=32")
+TW=wgmma:consumer_wgs=2,bc=128,setmaxnreg=1,overlap=1,o_store=smem,min_blocks=1,softmax_reduce=chain,exp2_fma=none
+TW=$TW,kv_splits=1,pack_gqa=0
+TP=$TW,stages=2,pingpong=1,o_rescale=before   # five d128 rows' shipped config, persistent
+# the control: pingpong=0 takes no turns, so its change is the method's noise
+TURNS_AB=(--shape b4-h16-n4096-d128-fp16-full --shape b1-h64-n1024-d128-fp16-full --shape b1-h24-n4608-d128-bf16-full
+  --shape b1-h32-kv8-n8192-d128-bf16-causal --config "$TP,scheduler=persistent" --config "$TP,scheduler=grid"
+  --config "$TW,stages=2,pingpong=0,scheduler=persistent,o_rescale=after")
+# three consumer warpgroups taking turns (FlashAttention-4's d64 loop, 192 x 128) against the d64 rows' shipped
+# cw3 configs (stages 3, the ViT's 4), which the before tree builds too (its before → after is the noise); the
+# before tree rejects cw3 ping-pong (static_assert), so those rows have an after column only
+R3=wgmma:consumer_wgs=3,bc=128,setmaxnreg=1,o_store=smem,min_blocks=1,softmax_reduce=chain,kv_splits=1,pack_gqa=0
+RR3_AB=(--shape b4-h32-n4096-d64-fp16-full --shape b16-h16-n512-d64-fp16-full --shape b64-h16-n577-d64-bf16-full
+  --config "$R3,stages=3,overlap=0,pingpong=0,scheduler=persistent,o_rescale=after"
+  --config "$R3,stages=4,overlap=0,pingpong=0,scheduler=persistent,o_rescale=after"
+  --config "$R3,stages=2,overlap=1,pingpong=1,scheduler=persistent,o_rescale=after"
+  --config "$R3,stages=3,overlap=1,pingpong=1,scheduler=persistent,o_rescale=after"
+  --config "$R3,stages=2,overlap=1,pingpong=1,scheduler=grid,o_rescale=after"
+  --config "$R3,stages=2,overlap=1,pingpong=1,scheduler=grid,o_rescale=before")
+ab() {  # ab NAME LIMIT_S ROUNDS ARGS...: benchmarks/kernel_ab.py against 208bc9a into $OUT/NAME
+  local name=$1 limit=$2 rounds=$3; shift 3
+  [ -d .ab/208bc9a/kernels ] || { echo "== $name: .ab/208bc9a/kernels not carried"; return 1; }
+  AUTOTUNE_CACHE_DIR=$AB_CACHE TAIL=60 step "$name" "$limit" python3 -u benchmarks/kernel_ab.py \
+    --before .ab/208bc9a/kernels --out "$OUT/$name" --rounds "$rounds" "$@"
+}
 case "${1:-}" in
   vit-dram)
     for n in 577 576; do
@@ -142,26 +177,23 @@ case "${1:-}" in
   sm80-regs)
     gpu_matrix test_kernel_gpu mma_sync_tests 240
     #   mkdir -p .ab/208bc9a && git archive 208bc9a kernels | tar -x -C .ab/208bc9a   # main before the change
-    [ -d .ab/208bc9a/kernels ] || { echo "== sm80_ab: .ab/208bc9a/kernels not carried"; exit 1; }
-    M=mma_sync:br=128,warps_m=4,warps_n=1,p_path=regs,smem_mode=dynamic,kv_buffering=separate,loader_warps=0
-    M=$M,min_blocks=1,q_in_regs=0,softmax_reduce=chain,o_rescale=on_growth,kv_splits=1
-    TAIL=40 step sm80_ab 300 python3 -u benchmarks/kernel_ab.py --before .ab/208bc9a/kernels --out "$OUT/ab-sm80" \
-      --rounds 3 --shape b4-h16-n4096-d128-fp16-full --shape b4-h16-n4096-d128-fp16-causal \
-      --shape b4-h32-n4096-d64-fp16-full --shape b4-h16-n4096-d128-bf16-full \
-      --config "$M,bc=64" --config "$M,bc=32"
+    ab sm80_ab 300 3 "${SM80_AB[@]}"
     if [ -n "${2:-}" ]; then bash "$0" mma-sync "$2"; fi ;;
   turns)
     wgmma_matrix
-    [ -d .ab/208bc9a/kernels ] || { echo "== turns_ab: .ab/208bc9a/kernels not carried"; exit 1; }
-    W=wgmma:consumer_wgs=2,bc=128,setmaxnreg=1,overlap=1,o_store=smem,min_blocks=1,softmax_reduce=chain,exp2_fma=none
-    W=$W,kv_splits=1,pack_gqa=0
-    P=$W,stages=2,pingpong=1,o_rescale=before   # five d128 rows' shipped config, persistent
-    # the control: pingpong=0 takes no turns, so its change is the method's noise
-    TAIL=50 step turns_ab 330 python3 -u benchmarks/kernel_ab.py --before .ab/208bc9a/kernels --out "$OUT/ab-turns" \
-      --rounds 3 --shape b4-h16-n4096-d128-fp16-full --shape b1-h64-n1024-d128-fp16-full \
-      --shape b1-h24-n4608-d128-bf16-full --shape b1-h32-kv8-n8192-d128-bf16-causal \
-      --config "$P,scheduler=persistent" --config "$P,scheduler=grid" \
-      --config "$W,stages=2,pingpong=0,scheduler=persistent,o_rescale=after" ;;
+    ab turns_ab 330 3 "${TURNS_AB[@]}" ;;
+  verify)
+    prebuild_plans test_kernel_gpu test_wgmma_gpu
+    ( for a in SM80_AB TURNS_AB RR3_AB; do declare -n args=$a
+        AUTOTUNE_CACHE_DIR=$AB_CACHE python3 benchmarks/kernel_ab.py --before .ab/208bc9a/kernels --build-only \
+          --arch sm_90 --out /tmp/ab-build "${args[@]}"; done > "$OUT/ab_prebuild.log" 2>&1 ) &
+    TAIL=12 step matrices 400 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_kernel_gpu.py \
+      tests/test_wgmma_gpu.py --maxfail=30
+    wait; grep -h "kernels from\|→" "$OUT/ab_prebuild.log" | tail -60 ;;
+  ab)
+    ab sm80_ab 170 "${2:-3}" "${SM80_AB[@]}"
+    ab turns_ab 200 "${2:-3}" "${TURNS_AB[@]}"
+    ab rr3_ab 200 "${2:-3}" "${RR3_AB[@]}" ;;
   mma-sync)
     TAIL=12 step mma_sync_campaign $(( ${2:-240} + 30 )) python3 -m autotune.cli campaign studies/campaigns/h200-mma-sync.toml \
       --budget-s "${2:-240}" --storage "sqlite:///$OUT/mma-sync.db" --versus sdpa_flash --markdown "$OUT/mma-sync.md"
@@ -171,5 +203,5 @@ case "${1:-}" in
       PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
-  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|peers|ncu|levers|stalls|exp2|sm80-regs [BUDGET_S]|turns|mma-sync [BUDGET_S]" >&2; exit 2 ;;
+  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|peers|ncu|levers|stalls|exp2|sm80-regs [BUDGET_S]|turns|verify|ab [ROUNDS]|mma-sync [BUDGET_S]" >&2; exit 2 ;;
 esac
