@@ -68,18 +68,85 @@ __device__ __forceinline__ int causal_offset_of(const FlashFwdParams& p, int bat
     return flash_common::used_causal_offset<kSeqUsedK>(p, batch);
 }
 
+// Where K or V is copied from: this CTA's (batch, kv_head) slice of it and its row stride in elements.
+struct KvSource {
+    const uint16_t* base;
+    long long row_stride;
+};
+
 // K/V items alternate K0, V0, K1, V1, ... of this CTA's key tiles, which start at tile `tile0` (0 unless the key
 // range is split); item i lives in ring slot i % kKvSlots, so one slot means K and V share a buffer, two mean
-// separate K and V buffers, four mean both double-buffered.
-template <int kN>
-__device__ __forceinline__ void load_kv_item(uint32_t kv_base, const uint16_t* k_g, const uint16_t* v_g,
-                                             const FlashFwdParams& p, int batch, int tile0, int item, int tid) {
+// separate K and V buffers, four mean both double-buffered. source(is_v): V's KvSource, or K's (asked once per
+// item, for the one it copies).
+template <int kN, typename Source>
+__device__ __forceinline__ void load_kv_item(uint32_t kv_base, Source source, const FlashFwdParams& p, int batch,
+                                             int tile0, int item, int tid) {
     const bool is_v = item & 1;
+    const KvSource src = source(is_v);
     // Unsplit builds keep the expression they always had, to the letter: the d128 defaults sit at ptxas' 255-register
     // cap, and the same sum written with tile0 = 0 made sm_100's and sm_103's spill.
     const int row0 = kSplit ? (tile0 + (item >> 1)) * kBc : (item >> 1) * kBc;
-    load_tile<kBc, kKVStride, kN>(kv_base + (item % kKvSlots) * kKVSlotBytes, is_v ? v_g : k_g,
-                                  is_v ? p.v_row_stride : p.k_row_stride, row0, keys_of(p, batch), tid);
+    load_tile<kBc, kKVStride, kN>(kv_base + (item % kKvSlots) * kKVSlotBytes, src.base, src.row_stride, row0,
+                                  keys_of(p, batch), tid);
+}
+
+// Registers across the K/V loop. The d128 128×64 tile (4 warps, P in registers) needs O (128 registers) and S (64)
+// at once, and ptxas schedules its Q·Kᵀ and P·V up to the 255-register cap, so every other value held across the
+// loop is one it spills: the K and V slice pointers, the loop bound, the thread's mask column, the epilogue's
+// indices (6 values reloaded per tile before this). The loop therefore keeps only what it uses on every tile (O,
+// the row statistics, three shared-memory addresses and the tile counter) and gets the rest afresh where it needs
+// it, which costs a few instructions there:
+//  - the KvSources are parked in shared memory (below) and loaded where a copy is issued;
+//  - the thread and block indices are read again from the special registers (fresh_tid, fresh_block_idx): the
+//    compiler cannot merge a volatile read with the one before the loop, nor hoist what is computed from it;
+//  - the loop bound is a compare against the kernel parameters (has_tile in the kernel), which ptxas reads from
+//    the constant bank.
+//
+// Parking: the padding of the Q tile's first two rows (K's source in row 0, V's in row 1), 16 bytes each that no
+// copy, ldmatrix or O staging touches, since they all stay below column kHeadDim. (Recomputed from the parameters
+// at each tile instead, ptxas kept the 64-bit strides and the head index in registers across the loop.) The
+// compute warps' copies read them; loader warps keep theirs in registers (their loop holds nothing else).
+constexpr int kKvSourceOffset = kHeadDim * kElemBytes;  // bytes into the Q tile: row 0's padding
+constexpr int kKvSourceRowBytes = kQStride * kElemBytes;  // from row 0's padding to row 1's
+static_assert(kPad * kElemBytes >= static_cast<int>(sizeof(KvSource)), "kv_source: a Q row's padding holds one");
+static_assert(kKvSourceOffset % 16 == 0 && kKvSourceRowBytes % 16 == 0, "kv_source: 16-byte aligned");
+__device__ __forceinline__ void park_kv_source(uint32_t addr, KvSource s) {
+    asm volatile("st.shared.v2.u64 [%0], {%1, %2};\n" ::"r"(addr), "l"(s.base), "l"(s.row_stride) : "memory");
+}
+// Volatile, so that the compiler neither hoists the load out of the loop nor forwards the parked values to it:
+// either would put them back in registers across the loop.
+__device__ __forceinline__ KvSource parked_kv_source(uint32_t addr) {
+    KvSource s;
+    asm volatile("ld.shared.v2.u64 {%0, %1}, [%2];\n" : "=l"(s.base), "=l"(s.row_stride) : "r"(addr));
+    return s;
+}
+
+// v, opaque to the compiler from here on: what the loop computes from it stays in the loop instead of being hoisted
+// and held. The asm is empty: no instruction.
+__device__ __forceinline__ int fresh(int v) {
+    asm volatile("" : "+r"(v));
+    return v;
+}
+// threadIdx.x read afresh. The bound keeps the divisions by powers of two shifts.
+__device__ __forceinline__ int fresh_tid() {
+    unsigned v;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
+    __builtin_assume(v < 1024);
+    return static_cast<int>(v);
+}
+// blockIdx.x, .y or .z read afresh (grid dimensions keep them below 2^31).
+template <int kDim>
+__device__ __forceinline__ int fresh_block_idx() {
+    unsigned v;
+    if constexpr (kDim == 0) {
+        asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v));
+    } else if constexpr (kDim == 1) {
+        asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(v));
+    } else {
+        asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(v));
+    }
+    __builtin_assume(v < 0x80000000u);
+    return static_cast<int>(v);
 }
 
 // The row max and row sum of a tile: one dependent chain (fewest live registers), or a pairwise tree
@@ -136,20 +203,24 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
     float* stats_max = reinterpret_cast<float*>(rest + kKVBytes + kPBytes);
     float* stats_sum = stats_max + kWarpsN * kBr;
     const uint32_t kv_base = smem_addr(kv_s);
+    const uint32_t kv_sources = smem_addr(q_region) + kKvSourceOffset;  // where park_kv_source puts them
 
     const int tid = threadIdx.x;
     const int warp = tid / 32;
     const int lane = tid % 32;
-    const int batch = kSplit ? static_cast<int>(blockIdx.z) / kSplits : static_cast<int>(blockIdx.z);
-    const int split = kSplit ? static_cast<int>(blockIdx.z) % kSplits : 0;
-    const int head = blockIdx.y;
-    const int q_start = blockIdx.x * kBr;
+    // Not const: the epilogue reads them again (see "Registers across the K/V loop").
+    int batch = kSplit ? static_cast<int>(blockIdx.z) / kSplits : static_cast<int>(blockIdx.z);
+    int split = kSplit ? static_cast<int>(blockIdx.z) % kSplits : 0;
+    int head = blockIdx.y;
+    int q_start = blockIdx.x * kBr;
     const int kv_head = head / (p.heads / p.kv_heads);
 
     const uint16_t* q_g = static_cast<const uint16_t*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
     const uint16_t* k_g = static_cast<const uint16_t*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
     const uint16_t* v_g = static_cast<const uint16_t*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
-    uint16_t* o_g = static_cast<uint16_t*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+    const auto held_source = [&](bool is_v) {
+        return is_v ? KvSource{v_g, p.v_row_stride} : KvSource{k_g, p.k_row_stride};
+    };
 
     // This batch row's key length (seqused_k builds: its used length; the rows past it are zero-filled by load_tile
     // and masked like the tail past seqlen_k, and a row using none walks no tile: O = 0, lse = -inf).
@@ -192,7 +263,7 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
             for (int item = 0; item < n_items; ++item) {
                 const int slot = item % kKvSlots;
                 if (item >= kKvSlots) named_barrier_sync(kBarEmpty + slot, kThreads);
-                load_kv_item<kLoaderThreads>(kv_base, k_g, v_g, p, batch, tile0, item, ltid);
+                load_kv_item<kLoaderThreads>(kv_base, held_source, p, batch, tile0, item, ltid);
                 cp_async_commit();
                 cp_async_wait<0>();
                 named_barrier_arrive(kBarFull + slot, kThreads);
@@ -203,13 +274,30 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
         // Prologue: one commit group per ring slot (empty groups keep the wait counts uniform).
 #pragma unroll
         for (int i = 0; i < kKvSlots; ++i) {
-            if (i < n_items) load_kv_item<kThreads>(kv_base, k_g, v_g, p, batch, tile0, i, tid);
+            if (i < n_items) load_kv_item<kThreads>(kv_base, held_source, p, batch, tile0, i, tid);
             cp_async_commit();
+        }
+        if (tid == 0) {  // every thread sees them after the barrier below
+            park_kv_source(kv_sources, held_source(false));
+            park_kv_source(kv_sources + kKvSourceRowBytes, held_source(true));
         }
         cp_async_wait<kKvSlots>();  // the Q group is done
         __syncthreads();
     }
 
+    // tile < n_tiles. Unsplit builds without seqused_k ask the parameters instead of holding n_tiles: the same
+    // verdict, since n_tiles tiles of kBc keys reach the first key past the range, min(seqlen_k, last_key + 1)
+    // (causal; one tile when the block sees no key, as above), and no tile before them does.
+    auto has_tile = [&](int tile) -> bool {
+        if constexpr (kSplit || kSeqUsedK) {
+            return tile < n_tiles;
+        } else if constexpr (kCausal) {
+            const int last_key = min(fresh(q_start) + kBr, p.seqlen_q) - 1 + p.causal_offset;
+            return tile * kBc < (last_key < 0 ? 1 : min(p.seqlen_k, last_key + 1));
+        } else {
+            return tile * kBc < p.seqlen_k;
+        }
+    };
     // Wait until K/V item `item` is in shared memory.
     auto acquire = [&](int item) {
         if constexpr (kLoaderWarps > 0) {
@@ -222,30 +310,38 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
             __syncthreads();
         }  // else: the release of item - 1 already waited for this one
     };
+    // The loop's copies: sources from where they are parked (the item's parity is known where a copy is issued, so
+    // each loads one), and a fresh tid.
+    const auto parked_source = [&](bool is_v) {
+        return parked_kv_source(kv_sources + (is_v ? kKvSourceRowBytes : 0));
+    };
+    // Item i exists iff i < n_items = 2 n_tiles, i.e. iff tile i / 2 does.
     // Done reading item `item`: hand its slot to the next item that maps to it.
     auto release = [&](int item) {
         if constexpr (kLoaderWarps > 0) {
-            if (item + kKvSlots < n_items) named_barrier_arrive(kBarEmpty + item % kKvSlots, kThreads);
+            if (has_tile((item + kKvSlots) / 2)) named_barrier_arrive(kBarEmpty + item % kKvSlots, kThreads);
         } else if constexpr (kKvSlots == 1) {
             __syncthreads();
-            if (item + 1 < n_items) load_kv_item<kThreads>(kv_base, k_g, v_g, p, batch, tile0, item + 1, tid);
+            if (has_tile((item + 1) / 2))
+                load_kv_item<kThreads>(kv_base, parked_source, p, batch, tile0, item + 1, fresh_tid());
             cp_async_commit();
-        } else if (item + 1 < n_items) {
+        } else if (has_tile((item + 1) / 2)) {
             // One barrier does two jobs: every thread is done with `item` (its slot may be refilled) and
             // item + 1, already in flight, is visible to all. Groups committed after item + 1: kKvSlots - 2.
             cp_async_wait<kKvSlots - 2>();
             __syncthreads();
-            if (item + kKvSlots < n_items)
-                load_kv_item<kThreads>(kv_base, k_g, v_g, p, batch, tile0, item + kKvSlots, tid);
+            if (has_tile((item + kKvSlots) / 2))
+                load_kv_item<kThreads>(kv_base, parked_source, p, batch, tile0, item + kKvSlots, fresh_tid());
             cp_async_commit();
         }
     };
 
     const int warp_m = warp / kWarpsN;
-    const int warp_n = warp % kWarpsN;
-    const int row_w = warp_m * kRowsPerWarp;  // first block row of this warp
-    const int g = lane / 4;                   // fragment row within an m16 tile (and +8)
-    const int t = lane % 4;                   // fragment column pair
+    // Not const: the epilogue derives them again (see "Registers across the K/V loop").
+    int warp_n = warp % kWarpsN;
+    int row_w = warp_m * kRowsPerWarp;  // first block row of this warp
+    int g = lane / 4;                   // fragment row within an m16 tile (and +8)
+    int t = lane % 4;                   // fragment column pair
     // ldmatrix.x4 lane → row/col of the 16×16 tile it addresses: A fragments (Q, P) and V (transposed) use the
     // same order (rows 0-7, 8-15, then columns +8); K's order gives two n8 tiles per call.
     const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8;
@@ -276,7 +372,7 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
         row_sum[mt][0] = row_sum[mt][1] = 0.f;
     }
 
-    for (int tile = 0; tile < n_tiles; ++tile) {
+    for (int tile = 0; has_tile(tile); ++tile) {
         const int k_item = 2 * tile;
         const int v_item = 2 * tile + 1;
 
@@ -317,7 +413,6 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
 
         // ---- mask columns past seqlen_k and, for causal, above the diagonal ------------------------------
         const int key_tile = tile0 + tile;  // the tile's place in the whole key range
-        const int col0 = key_tile * kBc + warp_n * kColsPerWarp;
         // Spelled as the fields where seqused_k is off, at each use: the front end then emits exactly the old mask
         // (through the inlined helpers, or with the values held in locals, the causal builds' code changed).
 #define AT_KEY_END (kSeqUsedK ? keys_of(p, batch) : p.seqlen_k)
@@ -325,14 +420,20 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
         const bool need_mask = (key_tile + 1) * kBc > AT_KEY_END ||
                                (kCausal && (key_tile + 1) * kBc - 1 > q_start + AT_DIAG_OFFSET);
         if (need_mask) {
+            // The thread's first row and column of S, from a fresh tid (q_start + row_w + g, and the tile's first
+            // key + warp_n's columns + 2t): this block runs on a tile or two, and what it derives from the tid
+            // before the loop would be held across it.
+            const int mtid = fresh_tid();
+            const int row0 = q_start + mtid / 32 / kWarpsN * kRowsPerWarp + mtid % 32 / 4;
+            const int col0 = key_tile * kBc + mtid / 32 % kWarpsN * kColsPerWarp + 2 * (mtid % 4);
 #pragma unroll
             for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
                 for (int nt = 0; nt < kSNTiles; ++nt)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
-                        const int row = q_start + row_w + mt * 16 + g + (e >> 1) * 8;
-                        const int col = col0 + nt * 8 + 2 * t + (e & 1);
+                        const int row = row0 + mt * 16 + (e >> 1) * 8;
+                        const int col = col0 + nt * 8 + (e & 1);
                         if (col >= AT_KEY_END || (kCausal && col > row + AT_DIAG_OFFSET)) s[mt][nt][e] = -INFINITY;
 #undef AT_KEY_END
 #undef AT_DIAG_OFFSET
@@ -385,7 +486,12 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
                     grows |= (tile_max[mt][h] - row_max[mt][h]) * scale_log2 > kRescaleLog2;
             rescale = __any_sync(0xffffffff, grows);  // warp-uniform: the branches below never diverge
         }
+        // Set on every path though only a rescaling tile reads it: left unset on a tile that keeps its max
+        // (on_growth), it was the compiler's to choose, which chose the previous tile's factors and so carried them
+        // across the loop in four registers.
         float alpha[kMTiles][2];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) alpha[mt][0] = alpha[mt][1] = 1.f;
         float m_scaled[kMTiles][2];
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt)
@@ -497,6 +603,19 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
     }
 
     // ---- epilogue: row sums, logsumexp, normalized O staged through the Q tile, 16-byte stores ---------------
+    // The thread's and the block's indices again, read afresh (see "Registers across the K/V loop").
+    const int etid = fresh_tid();
+    warp_n = etid / 32 % kWarpsN;
+    row_w = etid / 32 / kWarpsN * kRowsPerWarp;
+    g = etid % 32 / 4;
+    t = etid % 4;
+    {
+        const int z = fresh_block_idx<2>();
+        batch = kSplit ? z / kSplits : z;
+        split = kSplit ? z % kSplits : 0;
+        head = fresh_block_idx<1>();
+        q_start = fresh_block_idx<0>() * kBr;
+    }
     float inv_sum[kMTiles][2];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
@@ -574,11 +693,12 @@ extern "C" __global__ void __launch_bounds__(sm80::kThreads, sm80::kMinBlocks)
                 pack2<kBf16>(o_acc[mt][dn][2] * inv_sum[mt][1], o_acc[mt][dn][3] * inv_sum[mt][1]);
         }
     compute_sync();
+    uint16_t* o_g = static_cast<uint16_t*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
     constexpr int kChunksPerRow = kHeadDim / 8;
     constexpr int kOutChunks = kBr * kChunksPerRow;
 #pragma unroll
     for (int i = 0; i < (kOutChunks + kComputeThreads - 1) / kComputeThreads; ++i) {
-        const int c = tid + i * kComputeThreads;
+        const int c = etid + i * kComputeThreads;
         if (kOutChunks % kComputeThreads == 0 || c < kOutChunks) {
             const int r = c / kChunksPerRow;
             const int col = (c % kChunksPerRow) * 8;

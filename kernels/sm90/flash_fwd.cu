@@ -40,8 +40,9 @@ constexpr int kSRegs = kBc / 2;        // S accumulator floats per thread
 constexpr int kORegs = kHeadDim / 2;   // O accumulator floats per thread
 constexpr int kPRegs = kBc / 4;        // P as f16x2/bf16x2 A fragments
 constexpr uint32_t kPingPongThreads = 256;
-constexpr uint32_t kPingPongBarrier0 = 1;  // named barrier ids 1, 2 (0 is __syncthreads)
-constexpr uint32_t kOStoreBarrier0 = 3;    // ids 3 .. 3 + kConsumerWGs - 1: one per consumer warpgroup
+constexpr uint32_t kPingPongBarrier0 = 1;  // ids 1 .. kConsumerWGs under ping-pong, one per warpgroup (0: __syncthreads)
+// ids from here, one per consumer warpgroup: 3 .. 3 + kConsumerWGs - 1, or 4 .. 6 past three warpgroups' turns
+constexpr uint32_t kOStoreBarrier0 = kPingPongBarrier0 + (kPingPong ? kConsumerWGs : 2);
 constexpr int kORowBytes = kHeadDim * kElemBytes;
 
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) { return flash_common::pack2<kBf16>(lo, hi); }
@@ -531,17 +532,34 @@ __device__ __forceinline__ void load_q_packed(const FlashFwdParams& p, uint32_t 
     named_bar_sync(kOStoreBarrier0 + wg, 128);
 }
 
-// Ping-pong turns: warpgroup w waits on barrier (1 + w) before issuing its GEMMs and, once issued, lets the
-// other one go. Both take the same number of turns, so the other's opening arrive and the skipped final arrive
-// of warpgroup 1 leave no barrier half-arrived at exit.
+// Ping-pong turns, round-robin: warpgroup w waits on barrier (1 + w) before issuing its GEMMs and, once issued,
+// lets the next one (w + 1, the last one's next being 0) go: two warpgroups alternate, three (FlashAttention-4's d64
+// loop, 192 x 128) go in order, each a third of a turn cycle after the one before. A barrier is never arrived at
+// twice before its sync: warpgroup w - 1's next arrive needs a turn that comes after w's. A tile's turns are its
+// loop's S(n) + P(n-1)·V(n-1) issues: S(0) and the last P·V are issued outside any turn (FlashAttention-4's
+// boundaries), so no warpgroup waits for another at the start or the end of a tile; a one-key-tile tile, whose loop
+// is empty, takes one turn for its P·V. Every warpgroup takes the same turns, and every turn ends with an arrive:
+// the last warpgroup's opening arrive (open(), once per CTA, so warpgroup 0 takes the first turn) and warpgroup 0's
+// closing sync (close(), after the CTA's last tile) balance barrier 0, whose last arrive then waits for no tile, and
+// no barrier is left half-arrived at exit. (Skipping that last arrive instead, at each tile's end, costs the
+// loop a live register and a branch: bc=176 spills.)
+constexpr int kLastWG = kConsumerWGs - 1;
 struct Turns {
     int wg;
+    __device__ void open() const {
+        if constexpr (kPingPong) {
+            if (wg == kLastWG) named_bar_arrive(kPingPongBarrier0, kPingPongThreads);
+        }
+    }
     __device__ void begin() const {
         if constexpr (kPingPong) named_bar_sync(kPingPongBarrier0 + wg, kPingPongThreads);
     }
-    __device__ void end(bool last) const {
+    __device__ void end() const {
+        if constexpr (kPingPong) named_bar_arrive(kPingPongBarrier0 + (wg == kLastWG ? 0 : wg + 1), kPingPongThreads);
+    }
+    __device__ void close() const {
         if constexpr (kPingPong) {
-            if (!(last && wg == 1)) named_bar_arrive(kPingPongBarrier0 + (1 - wg), kPingPongThreads);
+            if (wg == 0) named_bar_sync(kPingPongBarrier0, kPingPongThreads);
         }
     }
 };
@@ -617,9 +635,6 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     float l[2] = {0.f, 0.f};
     float corr[2];
 
-    if constexpr (kPingPong) {
-        if (wg == 1) named_bar_arrive(kPingPongBarrier0, kPingPongThreads);  // warpgroup 0 takes the first turn
-    }
     if constexpr (!kPackGqa) mbar_wait(sm.q_full(q_slot), q_parity_of(q_seq));
 
     int& stage = ring.stage;
@@ -629,7 +644,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     // on each slot's K and V empty barriers once the slot has been filled (so its arrivals count towards the same use
     // as the other warpgroups'), and, persistent, gives the Q slot back (after the Q-full wait above: Q of this tile
     // is loaded only once every warpgroup has released the previous one). Not under ping-pong, whose turns pair the
-    // two warpgroups' GEMM issues one to one.
+    // warpgroups' GEMM issues one to one.
     if constexpr (!kPingPong) {
         if (wg_q0 >= p.seqlen_q) {
             for (int n = n_begin; n < n_end; ++n) {
@@ -673,12 +688,10 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     } else {
         // Prologue: S(0) and its softmax; O is still zero, so its correction factor is irrelevant.
         mbar_wait(sm.k_full(stage), phase);
-        turns.begin();
         fence_regs(s);
         wgmma_fence();
         issue_qk(s, q_addr, sm.k_tile(stage));
         wgmma_commit();
-        turns.end(false);
         wgmma_wait<0>();
         fence_regs(s);
         release_k(sm, stage);
@@ -715,7 +728,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             }
             issue_pv(o, pf, sm.v_tile(prev_stage));
             wgmma_commit();
-            turns.end(false);
+            turns.end();
             wgmma_wait<1>();  // S(n) is ready; P(n-1)·V(n-1) may still run under the softmax
             fence_regs(s);
             release_k(sm, stage);
@@ -735,13 +748,14 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         if constexpr (kRescaleBefore) rescale_o(o, corr);
         mbar_wait(sm.v_full(prev_stage), prev_phase);
         clear_unused_v(p, sm.v_tile(prev_stage), n_end - 1, keys_of(p, batch), wg);
-        turns.begin();
+        const bool loop_was_empty = n_begin + 1 == n_end;  // then this P·V is the tile's one turn
+        if (loop_was_empty) turns.begin();
         fence_regs(o);
         fence_regs(pf);
         wgmma_fence();
         issue_pv(o, pf, sm.v_tile(prev_stage));
         wgmma_commit();
-        turns.end(true);
+        if (loop_was_empty) turns.end();
         wgmma_wait<0>();
         fence_regs(o);
         release(sm.v_empty(prev_stage));
@@ -922,7 +936,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
                 produce(p, sm, &tm_q, &tm_k, &tm_v, m0, tile.head, kv_head, tile.batch, n_begin, n_end, ring, 0);
         } else {
             if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
+            const Turns turns{warpgroup - 1};
+            turns.open();
             consume(p, sm, warpgroup - 1, m0, tile.head, tile.batch, n_begin, n_end, split, ring, 0);
+            turns.close();
         }
     } else {
         // Every role walks the same tile sequence; the mbarrier parities (ring, Q full/empty) carry across tiles.
@@ -935,10 +952,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
                 });
         } else {
             if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
+            const Turns turns{warpgroup - 1};
+            turns.open();
             for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_seq) {
                 consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, 0, num_kv_tiles(p, work_m0, work.batch),
                         0, ring, q_seq);
             });
+            turns.close();
         }
     }
 }
