@@ -555,7 +555,9 @@ struct Turns {
         if constexpr (kPingPong) named_bar_sync(kPingPongBarrier0 + wg, kPingPongThreads);
     }
     __device__ void end() const {
-        if constexpr (kPingPong) named_bar_arrive(kPingPongBarrier0 + (wg == kLastWG ? 0 : wg + 1), kPingPongThreads);
+        // two warpgroups: 1 - wg, the one instruction the compiler cannot derive from the general form
+        const int next = kConsumerWGs == 2 ? 1 - wg : (wg == kLastWG ? 0 : wg + 1);
+        if constexpr (kPingPong) named_bar_arrive(kPingPongBarrier0 + next, kPingPongThreads);
     }
     __device__ void close() const {
         if constexpr (kPingPong) {
