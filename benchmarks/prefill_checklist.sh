@@ -41,20 +41,16 @@
 #                                                   benchmarks/kernel_ab.py against main before it (208bc9a, carried as
 #                                                   .ab/208bc9a) with 128x64 and 128x32 on the four N4096 rows (SDPA
 #                                                   flash timed beside them), then, given BUDGET_S, the mma-sync
-#                                                   campaign (below), which enqueues 128x64. The change is reverted on
-#                                                   main until measured: first `git checkout 56e86ac --
-#                                                   kernels/sm80/flash_fwd.cu studies/campaigns/h200-mma-sync.toml`
+#                                                   campaign (below), which enqueues 128x64
 #   bash benchmarks/prefill_checklist.sh turns      ping-pong turns without the first S and the last P·V (FlashAttention-4's
 #                                                   boundaries): the wgmma GPU matrix, then benchmarks/kernel_ab.py
 #                                                   against 208bc9a (carried as .ab/208bc9a) with the d128 rows'
-#                                                   ping-pong config, persistent and grid, and a pingpong=0 control;
-#                                                   first `git revert ddbe8f3` (reverted on main until measured)
+#                                                   ping-pong config, persistent and grid, and a pingpong=0 control
 #   bash benchmarks/prefill_checklist.sh verify     the GPU matrices of both families (tests/test_kernel_gpu.py and
 #                                                   tests/test_wgmma_gpu.py) in one pytest, while the kernels of `ab`
 #                                                   build beside it (AB_CACHE, kept for `ab` if the host stays up)
-#   bash benchmarks/prefill_checklist.sh ab [ROUNDS]   the A/Bs of sm80-regs, turns and the three-warpgroup ping-pong
-#                                                   (sm80_ab, turns_ab, rr3_ab: cw3 ping-pong on the d64 rows against
-#                                                   their shipped cw3 config) against 208bc9a (.ab/208bc9a) in one run
+#   bash benchmarks/prefill_checklist.sh ab [ROUNDS]   the A/Bs of sm80-regs and turns (sm80_ab, turns_ab) against
+#                                                   208bc9a (.ab/208bc9a) in one run
 #   bash benchmarks/prefill_checklist.sh mma-sync [BUDGET_S]   the SM80-style family's non-spilling best on the four
 #                                                   N4096 rows against FlashAttention-2 (SDPA flash) timed beside each
 #                                                   winner: studies/campaigns/h200-mma-sync.toml into $OUT/mma-sync.db
@@ -81,17 +77,6 @@ TP=$TW,stages=2,pingpong=1,o_rescale=before   # five d128 rows' shipped config, 
 TURNS_AB=(--shape b4-h16-n4096-d128-fp16-full --shape b1-h64-n1024-d128-fp16-full --shape b1-h24-n4608-d128-bf16-full
   --shape b1-h32-kv8-n8192-d128-bf16-causal --config "$TP,scheduler=persistent" --config "$TP,scheduler=grid"
   --config "$TW,stages=2,pingpong=0,scheduler=persistent,o_rescale=after")
-# three consumer warpgroups taking turns (FlashAttention-4's d64 loop, 192 x 128) against the d64 rows' shipped
-# cw3 configs (stages 3, the ViT's 4), which the before tree builds too (its before → after is the noise); the
-# before tree rejects cw3 ping-pong (static_assert), so those rows have an after column only
-R3=wgmma:consumer_wgs=3,bc=128,setmaxnreg=1,o_store=smem,min_blocks=1,softmax_reduce=chain,kv_splits=1,pack_gqa=0
-RR3_AB=(--shape b4-h32-n4096-d64-fp16-full --shape b16-h16-n512-d64-fp16-full --shape b64-h16-n577-d64-bf16-full
-  --config "$R3,stages=3,overlap=0,pingpong=0,scheduler=persistent,o_rescale=after"
-  --config "$R3,stages=4,overlap=0,pingpong=0,scheduler=persistent,o_rescale=after"
-  --config "$R3,stages=2,overlap=1,pingpong=1,scheduler=persistent,o_rescale=after"
-  --config "$R3,stages=3,overlap=1,pingpong=1,scheduler=persistent,o_rescale=after"
-  --config "$R3,stages=2,overlap=1,pingpong=1,scheduler=grid,o_rescale=after"
-  --config "$R3,stages=2,overlap=1,pingpong=1,scheduler=grid,o_rescale=before")
 ab() {  # ab NAME LIMIT_S ROUNDS ARGS...: benchmarks/kernel_ab.py against 208bc9a into $OUT/NAME
   local name=$1 limit=$2 rounds=$3; shift 3
   [ -d .ab/208bc9a/kernels ] || { echo "== $name: .ab/208bc9a/kernels not carried"; return 1; }
@@ -184,7 +169,7 @@ case "${1:-}" in
     ab turns_ab 330 3 "${TURNS_AB[@]}" ;;
   verify)
     prebuild_plans test_kernel_gpu test_wgmma_gpu
-    ( for a in SM80_AB TURNS_AB RR3_AB; do declare -n args=$a
+    ( for a in SM80_AB TURNS_AB; do declare -n args=$a
         AUTOTUNE_CACHE_DIR=$AB_CACHE python3 benchmarks/kernel_ab.py --before .ab/208bc9a/kernels --build-only \
           --arch sm_90 --out /tmp/ab-build "${args[@]}"; done > "$OUT/ab_prebuild.log" 2>&1 ) &
     TAIL=12 step matrices 400 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_kernel_gpu.py \
@@ -192,8 +177,7 @@ case "${1:-}" in
     wait; grep -h "kernels from\|→" "$OUT/ab_prebuild.log" | tail -60 ;;
   ab)
     ab sm80_ab 170 "${2:-3}" "${SM80_AB[@]}"
-    ab turns_ab 200 "${2:-3}" "${TURNS_AB[@]}"
-    ab rr3_ab 200 "${2:-3}" "${RR3_AB[@]}" ;;
+    ab turns_ab 200 "${2:-3}" "${TURNS_AB[@]}" ;;
   mma-sync)
     TAIL=12 step mma_sync_campaign $(( ${2:-240} + 30 )) python3 -m autotune.cli campaign studies/campaigns/h200-mma-sync.toml \
       --budget-s "${2:-240}" --storage "sqlite:///$OUT/mma-sync.db" --versus sdpa_flash --markdown "$OUT/mma-sync.md"

@@ -47,8 +47,7 @@ AXES = (
     Axis("overlap", (True, False), "AT_OVERLAP",
          "issue S(n) with P(n-1)·V(n-1) and run softmax(n) while P·V is on the tensor cores"),
     Axis("pingpong", (True, False), "AT_PINGPONG",
-         "the consumer warpgroups take GEMM turns round-robin on named barriers (one's softmax under the "
-         "others' GEMMs)"),
+         "two consumer warpgroups alternate GEMM turns on named barriers (one's softmax under the other's GEMMs)"),
     Axis("o_store", ("direct", "smem"), "AT_O_STORE_SMEM",
          "O written from the accumulator fragments (4-byte stores), or staged in the warpgroup's Q slot of shared "
          "memory and written as 16-byte row chunks", lambda v: v == "smem"),
@@ -218,10 +217,10 @@ def bc_multiple_of_16(c, p, a, lay):
         return f"bc={c.bc} is not a multiple of 16 in [16, 256]"
 
 
-@rule("pingpong_needs_two_consumers", "ping-pong passes turns among two or three consumer warpgroups")
+@rule("pingpong_needs_two_consumers", "ping-pong alternates exactly two consumer warpgroups")
 def pingpong_needs_two_consumers(c, p, a, lay):
-    if c.pingpong and c.consumer_wgs < 2:
-        return f"pingpong needs consumer_wgs >= 2, got {c.consumer_wgs}"
+    if c.pingpong and c.consumer_wgs != 2:
+        return f"pingpong needs consumer_wgs=2, got {c.consumer_wgs}"
 
 
 @rule("pingpong_needs_overlap", "a ping-pong turn is the S(n) + P(n-1)·V(n-1) issue of the overlapped loop")

@@ -44,7 +44,7 @@ def test_builder_returns_the_recorded_builds(landscape):
 
 def test_builder_rejects_invalid_configs_like_the_real_one(landscape):
     valid = _by_status(landscape, "complete").config
-    invalid = valid.replace(consumer_wgs=1, pingpong=True, overlap=True)
+    invalid = valid.replace(consumer_wgs=3, pingpong=True, overlap=True)
     assert space.violations(invalid, PROBLEM, ARCH)
     r = ReplayBuilder(landscape).build_one(invalid, PROBLEM)
     assert r.status == "invalid" and "pingpong_needs_two_consumers" in r.rejected_by

@@ -99,13 +99,6 @@ LADDER = tuple(Config.make("wgmma", **d) for d in (
          kv_splits=2),
     dict(consumer_wgs=3, bc=64, stages=3, setmaxnreg=True, overlap=False, pingpong=False, o_store="smem", min_blocks=1,
          pack_gqa=True),
-    # three-warpgroup round-robin ping-pong (FlashAttention-4's d64 loop, 192 x 128): grid with O staged, persistent,
-    # and lpt on a 64-key ring with O rescaled before P·V
-    dict(consumer_wgs=3, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="smem", min_blocks=1),
-    dict(consumer_wgs=3, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="smem", min_blocks=1,
-         scheduler="persistent"),
-    dict(consumer_wgs=3, bc=64, stages=3, setmaxnreg=True, overlap=True, pingpong=True, o_store="direct", min_blocks=1,
-         scheduler="lpt", o_rescale="before"),
     # the deep rings decode's shipped rows use: 6 stages of 64 keys without overlap, 5 of 80 with overlap and splits
     dict(consumer_wgs=1, bc=64, stages=6, setmaxnreg=False, overlap=False, pingpong=False, o_store="direct",
          min_blocks=1, kv_splits=16, pack_gqa=True),

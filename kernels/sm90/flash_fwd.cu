@@ -40,9 +40,8 @@ constexpr int kSRegs = kBc / 2;        // S accumulator floats per thread
 constexpr int kORegs = kHeadDim / 2;   // O accumulator floats per thread
 constexpr int kPRegs = kBc / 4;        // P as f16x2/bf16x2 A fragments
 constexpr uint32_t kPingPongThreads = 256;
-constexpr uint32_t kPingPongBarrier0 = 1;  // ids 1 .. kConsumerWGs under ping-pong, one per warpgroup (0: __syncthreads)
-// ids from here, one per consumer warpgroup: 3 .. 3 + kConsumerWGs - 1, or 4 .. 6 past three warpgroups' turns
-constexpr uint32_t kOStoreBarrier0 = kPingPongBarrier0 + (kPingPong ? kConsumerWGs : 2);
+constexpr uint32_t kPingPongBarrier0 = 1;  // named barrier ids 1, 2 (0 is __syncthreads)
+constexpr uint32_t kOStoreBarrier0 = 3;    // ids 3 .. 3 + kConsumerWGs - 1: one per consumer warpgroup
 constexpr int kORowBytes = kHeadDim * kElemBytes;
 
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) { return flash_common::pack2<kBf16>(lo, hi); }
@@ -532,32 +531,26 @@ __device__ __forceinline__ void load_q_packed(const FlashFwdParams& p, uint32_t 
     named_bar_sync(kOStoreBarrier0 + wg, 128);
 }
 
-// Ping-pong turns, round-robin: warpgroup w waits on barrier (1 + w) before issuing its GEMMs and, once issued,
-// lets the next one (w + 1, the last one's next being 0) go: two warpgroups alternate, three (FlashAttention-4's d64
-// loop, 192 x 128) go in order, each a third of a turn cycle after the one before. A barrier is never arrived at
-// twice before its sync: warpgroup w - 1's next arrive needs a turn that comes after w's. A tile's turns are its
-// loop's S(n) + P(n-1)·V(n-1) issues: S(0) and the last P·V are issued outside any turn (FlashAttention-4's
-// boundaries), so no warpgroup waits for another at the start or the end of a tile; a one-key-tile tile, whose loop
-// is empty, takes one turn for its P·V. Every warpgroup takes the same turns, and every turn ends with an arrive:
-// the last warpgroup's opening arrive (open(), once per CTA, so warpgroup 0 takes the first turn) and warpgroup 0's
-// closing sync (close(), after the CTA's last tile) balance barrier 0, whose last arrive then waits for no tile, and
-// no barrier is left half-arrived at exit. (Skipping that last arrive instead, at each tile's end, costs the
-// loop a live register and a branch: bc=176 spills.)
-constexpr int kLastWG = kConsumerWGs - 1;
+// Ping-pong turns: warpgroup w waits on barrier (1 + w) before issuing its GEMMs and, once issued, lets the other
+// one go. A tile's turns are its loop's S(n) + P(n-1)·V(n-1) issues: S(0) and the last P·V are issued outside any
+// turn (FlashAttention-4's boundaries), so neither warpgroup waits for the other at the start or the end of a tile;
+// a one-key-tile tile, whose loop is empty, takes one turn for its P·V. Both take the same turns, and every turn ends
+// with an arrive: warpgroup 1's opening arrive (open(), once per CTA, so warpgroup 0 takes the first turn) and
+// warpgroup 0's closing sync (close(), after the CTA's last tile) balance barrier 1, whose last arrive then waits for
+// no tile, and no barrier is left half-arrived at exit. (Skipping that last arrive instead, at each tile's end, costs
+// the loop a live register and a branch: bc=176 causal spills.)
 struct Turns {
     int wg;
     __device__ void open() const {
         if constexpr (kPingPong) {
-            if (wg == kLastWG) named_bar_arrive(kPingPongBarrier0, kPingPongThreads);
+            if (wg == 1) named_bar_arrive(kPingPongBarrier0, kPingPongThreads);
         }
     }
     __device__ void begin() const {
         if constexpr (kPingPong) named_bar_sync(kPingPongBarrier0 + wg, kPingPongThreads);
     }
     __device__ void end() const {
-        // two warpgroups: 1 - wg, the one instruction the compiler cannot derive from the general form
-        const int next = kConsumerWGs == 2 ? 1 - wg : (wg == kLastWG ? 0 : wg + 1);
-        if constexpr (kPingPong) named_bar_arrive(kPingPongBarrier0 + next, kPingPongThreads);
+        if constexpr (kPingPong) named_bar_arrive(kPingPongBarrier0 + (1 - wg), kPingPongThreads);
     }
     __device__ void close() const {
         if constexpr (kPingPong) {
@@ -646,7 +639,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     // on each slot's K and V empty barriers once the slot has been filled (so its arrivals count towards the same use
     // as the other warpgroups'), and, persistent, gives the Q slot back (after the Q-full wait above: Q of this tile
     // is loaded only once every warpgroup has released the previous one). Not under ping-pong, whose turns pair the
-    // warpgroups' GEMM issues one to one.
+    // two warpgroups' GEMM issues one to one.
     if constexpr (!kPingPong) {
         if (wg_q0 >= p.seqlen_q) {
             for (int n = n_begin; n < n_end; ++n) {

@@ -33,7 +33,7 @@ constexpr int kBc = AT_BC;                     // key columns per K/V tile (the 
 constexpr int kStages = AT_STAGES;             // K/V slots in the shared-memory ring
 constexpr bool kSetMaxNReg = AT_SETMAXNREG != 0;
 constexpr bool kOverlap = AT_OVERLAP != 0;     // issue S(n) together with P(n-1)·V(n-1); softmax(n) runs under P·V
-constexpr bool kPingPong = AT_PINGPONG != 0;   // the consumer warpgroups take turns (round-robin) on the tensor cores
+constexpr bool kPingPong = AT_PINGPONG != 0;   // two consumer warpgroups take turns on the tensor cores
 constexpr bool kOStoreSmem = AT_O_STORE_SMEM != 0;  // stage O in shared memory for 16-byte row stores
 constexpr int kMinBlocks = AT_MIN_BLOCKS;
 // Overlapped loop only: multiply O by the previous tile's correction right after S(n) is issued, before
@@ -129,8 +129,7 @@ static_assert(kBc % 16 == 0 && kBc >= 16 && kBc <= 256,
               "bc_multiple_of_16: Bc must be a multiple of 16 in [16, 256] (k16 steps of P·V, wgmma N, TMA box)");
 static_assert(kConsumerWGs >= 1 && kConsumerWGs <= 3, "consumer_wgs_range: 1 to 3 consumer warpgroups");
 static_assert(kStages >= 2, "stages_at_least_two: the overlapped loop holds two K/V slots at once");
-static_assert(!kPingPong || kConsumerWGs >= 2,
-              "pingpong_needs_two_consumers: ping-pong passes turns among two or three warpgroups");
+static_assert(!kPingPong || kConsumerWGs == 2, "pingpong_needs_two_consumers: ping-pong alternates two warpgroups");
 static_assert(!kPingPong || kOverlap,
               "pingpong_needs_overlap: a ping-pong turn is the S(n) + P(n-1)·V(n-1) issue of the overlapped loop");
 static_assert(!kRescaleBefore || kOverlap,
