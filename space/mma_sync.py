@@ -150,20 +150,24 @@ def default(p: Problem, a: Arch) -> Config:
       d64   128×128 (its dropout path: 128×64);
       d128  128×64, or on ~100 KB-smem SMs 128×32 (non-causal: "2 CTAs per SM") and 64×64 (causal: "square");
       d256  128×64 with 8 warps where a block may have ≥ 128 KB and an SM has < 192 KB (the A100), else 64×64.
-    In this kernel (ptxas 13.0, `autotune space --compile`, 2026-12-01) FlashAttention-2's d64 128×128 and d128
-    128×64 tiles spill 12-76 B (stores) on most arch × problem pairs and sit at 255 registers on the rest, so they
-    take Bc/2: d64 128×64 (216-252 registers) and d128 128×32 (242-255). 128×32 is also the tile the H200 measured
-    fastest among the mma_sync configs that do not spill (323 TFLOPS against 334 for the spilling 128×64 tile in
-    the same search, docs/search.md; that key said min_blocks=2, which for 128 threads builds the identical cubin).
+    In this kernel FlashAttention-2's d64 128×128 tile spills, so d64 takes Bc/2: 128×64. Its d128 128×64 tile
+    spilled too until the K/V loop stopped holding its sources and indices in registers (2026-12-05): it now builds
+    at 255 registers with no spill on sm_80/90/100/103 with o_rescale=on_growth (rescaling every tile still spills
+    32-52 B), and measured 1.02-1.08× SDPA flash on the four N4096 rows of an H100, 5-6 % ahead of 128×32
+    (docs/benchmarks.md, 2026-12-05), so d128 takes it there. The ~100 KB parts keep FlashAttention-2's 128×32 /
+    64×64. The decode default (below) keeps every_tile.
     Q stays in shared memory as in FlashAttention-2 (Q in registers makes d64 128×64 spill on sm_90). Every other
     pick is FlashAttention-2's as it is. tests/test_defaults.py builds every arch × problem and fails on a spill.
     """
     small_smem = a.smem_per_sm < SMALL_SMEM_PER_SM
     warps_m = 4
+    o_rescale = "every_tile"
     if p.head_dim == 64:
         br, bc = 128, 64
     elif p.head_dim == 128:
-        br, bc = (64, 64) if small_smem and p.causal else (128, 32)
+        br, bc = ((64, 64) if p.causal else (128, 32)) if small_smem else (128, 64)
+        if not small_smem:
+            o_rescale = "on_growth"  # 128×64 builds at 255 registers with it, spills 32-52 B rescaling every tile
     elif a.smem_optin_per_block >= 128 * 1024 and a.smem_per_sm < 192 * 1024:
         br, bc, warps_m = 128, 64, 8
     else:
@@ -171,7 +175,7 @@ def default(p: Problem, a: Arch) -> Config:
     return Config.make(
         "mma_sync", br=br, bc=bc, warps_m=warps_m, warps_n=1, p_path="regs", smem_mode="dynamic",
         kv_buffering="separate", loader_warps=0, min_blocks=1, q_in_regs=False, softmax_reduce="chain",
-        o_rescale="every_tile", kv_splits=1,
+        o_rescale=o_rescale, kv_splits=1,
     )
 
 
@@ -203,7 +207,8 @@ def decode_default(shape: Shape, arch: Arch) -> Config | None:
     if not shape.is_decode:
         return None
     p = shape.problem
-    c = default(p, arch).replace(br=DECODE_BR, bc=DECODE_BC, warps_m=4, warps_n=1, kv_splits=1)
+    c = default(p, arch).replace(br=DECODE_BR, bc=DECODE_BC, warps_m=4, warps_n=1, kv_splits=1,
+                                 o_rescale="every_tile")
     slots = arch.sms * resident_ctas_per_sm(c, p, arch)
     gx, gy, gz = layout(c, p).grid(shape.batch, shape.heads, shape.seqlen_q)
     n_tiles = -(-shape.seqlen_k // DECODE_BC)
