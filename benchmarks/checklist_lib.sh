@@ -11,9 +11,11 @@ step() {  # step NAME SECONDS CMD...: run, keep the log, print its tail
   echo "== $name: rc $rc, $((SECONDS - t0)) s"
   tail -n "${TAIL:-45}" "$OUT/$name.log"
 }
-gpu_matrix() {  # gpu_matrix MODULE STEP LIMIT_S: a tests/ module's GPU matrix, its kernels built first in one process
-  prebuild_plans "$1"
-  TAIL=8 step "$2" "$3" python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider "tests/$1.py" --maxfail=30
+gpu_matrix() {  # gpu_matrix STEP LIMIT_S MODULE...: tests/ modules' GPU matrices in one pytest, their kernels built
+  # first in one process
+  local name=$1 limit=$2; shift 2
+  prebuild_plans "$@"
+  TAIL=8 step "$name" "$limit" python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider $(printf "tests/%s.py " "$@") --maxfail=30
 }
 prebuild_plans() {  # prebuild_plans MODULE...: the kernels of the named tests/ modules' PLANs, built once in one
   # process (under -n 8 every xdist worker would build a whole plan at once, eight ninja runs over one cache)

@@ -64,7 +64,7 @@ FA4_SITE=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages  # the wheel's .pth
 VIT_CONFIG="wgmma:bc=128,stages=3,setmaxnreg=1,overlap=0,pingpong=0,o_store=smem,min_blocks=1,o_rescale=after"
 VIT_CONFIG="$VIT_CONFIG,kv_splits=1,pack_gqa=0"
 if [ -d .fa4a ]; then mkdir -p /tmp/fa4 && cp .fa4a/* /tmp/fa4/ && echo "== staged .fa4a in /tmp/fa4"; fi
-wgmma_matrix() { gpu_matrix test_wgmma_gpu wgmma_tests 220; }
+wgmma_matrix() { gpu_matrix wgmma_tests 220 test_wgmma_gpu; }
 export AB_CACHE=${AB_CACHE:-/tmp/autotune-ab-cache}
 SM80=mma_sync:br=128,warps_m=4,warps_n=1,p_path=regs,smem_mode=dynamic,kv_buffering=separate,loader_warps=0
 SM80=$SM80,min_blocks=1,q_in_regs=0,softmax_reduce=chain,o_rescale=on_growth,kv_splits=1
@@ -160,7 +160,7 @@ case "${1:-}" in
       --config "$T,stages=3,exp2_fma=none" --config "$T,stages=3,exp2_fma=quarter" \
       --config "$T,stages=4,exp2_fma=none" --config "$T,stages=4,exp2_fma=quarter" ;;
   sm80-regs)
-    gpu_matrix test_kernel_gpu mma_sync_tests 240
+    gpu_matrix mma_sync_tests 240 test_kernel_gpu
     #   mkdir -p .ab/208bc9a && git archive 208bc9a kernels | tar -x -C .ab/208bc9a   # main before the change
     ab sm80_ab 300 3 "${SM80_AB[@]}"
     if [ -n "${2:-}" ]; then bash "$0" mma-sync "$2"; fi ;;
@@ -168,12 +168,10 @@ case "${1:-}" in
     wgmma_matrix
     ab turns_ab 330 3 "${TURNS_AB[@]}" ;;
   verify)
-    prebuild_plans test_kernel_gpu test_wgmma_gpu
     ( for a in SM80_AB TURNS_AB; do declare -n args=$a
         AUTOTUNE_CACHE_DIR=$AB_CACHE python3 benchmarks/kernel_ab.py --before .ab/208bc9a/kernels --build-only \
           --arch sm_90 --out /tmp/ab-build "${args[@]}"; done > "$OUT/ab_prebuild.log" 2>&1 ) &
-    TAIL=12 step matrices 400 python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_kernel_gpu.py \
-      tests/test_wgmma_gpu.py --maxfail=30
+    gpu_matrix matrices 400 test_kernel_gpu test_wgmma_gpu
     wait; grep -h "kernels from\|→" "$OUT/ab_prebuild.log" | tail -60 ;;
   ab)
     ab sm80_ab 170 "${2:-3}" "${SM80_AB[@]}"

@@ -165,9 +165,10 @@ def default(p: Problem, a: Arch) -> Config:
     if p.head_dim == 64:
         br, bc = 128, 64
     elif p.head_dim == 128:
-        br, bc = ((64, 64) if p.causal else (128, 32)) if small_smem else (128, 64)
-        if not small_smem:
-            o_rescale = "on_growth"  # 128×64 builds at 255 registers with it, spills 32-52 B rescaling every tile
+        if small_smem:
+            br, bc = (64, 64) if p.causal else (128, 32)
+        else:  # 128×64 builds at 255 registers rescaling on growth, spills 32-52 B rescaling every tile
+            br, bc, o_rescale = 128, 64, "on_growth"
     elif a.smem_optin_per_block >= 128 * 1024 and a.smem_per_sm < 192 * 1024:
         br, bc, warps_m = 128, 64, 8
     else:
@@ -207,6 +208,7 @@ def decode_default(shape: Shape, arch: Arch) -> Config | None:
     if not shape.is_decode:
         return None
     p = shape.problem
+    # every_tile: the prefill default's on_growth (d128) is there for a 128×64 tile's registers, not a decode tile's
     c = default(p, arch).replace(br=DECODE_BR, bc=DECODE_BC, warps_m=4, warps_n=1, kv_splits=1,
                                  o_rescale="every_tile")
     slots = arch.sms * resident_ctas_per_sm(c, p, arch)
