@@ -44,7 +44,10 @@ def test_nested_loops_and_an_out_of_line_stub():
     assert inner.mma_count == 2 and outer.mma_count == 3
     assert {i.address for i in inner.instructions} >= {0x80, 0x90, 0xa0}  # the stub belongs to the inner loop
     assert 0x10 not in {i.address for i in inner.instructions}
-    assert sass.Kernel("k", prog, list(loops.values())).hot_loop is outer  # most MMAs
+    assert outer.contains(inner) and not inner.contains(outer) and not inner.contains(inner)
+    # the innermost loop holding MMAs, though the outer one holds more (a persistent kernel's tile loop around its
+    # K/V loop: the prologue's and epilogue's GEMMs run once per tile, the inner ones once per K/V tile)
+    assert sass.Kernel("k", prog, list(loops.values())).hot_loop is inner
 
 
 def test_hot_loop_prefers_the_innermost_of_equal_mma_counts():
@@ -83,6 +86,52 @@ def test_parse_json_maps_source_files_and_lines():
     assert k.hot_loop.mma_count == 1
     with pytest.raises(ValueError, match="nvdisasm JSON"):
         sass.parse_json("{}")
+
+
+def test_control_codes_decode_from_the_high_word():
+    # FMNMX R3, R89, R12 from a wgmma build: 4 cycles before the next instruction (the next FMNMX of the chain)
+    ctl = sass.Control.from_high_word(0x000fc80007800000)
+    assert ctl == sass.Control(stall=4, write_scoreboard=None, read_scoreboard=None, wait_mask=0)
+    assert ctl.text() == "s4"
+    # every field at a distinct value, placed where the encoding keeps it (bits 105-127 of the instruction)
+    word = (13 | 2 << 5 | 5 << 8 | 0b100101 << 11) << sass.CONTROL_SHIFT | 0x7800000
+    ctl = sass.Control.from_high_word(word)
+    assert (ctl.stall, ctl.write_scoreboard, ctl.read_scoreboard, ctl.wait_mask) == (13, 2, 5, 0b100101)
+    assert ctl.text() == "s13 sb2 w0,2,5"
+
+
+_HEX_LISTING = """
+//--------------------- .text.f --------------------------
+        .section        .text.f,"ax",@progbits
+.text.f:
+        /*0000*/                   MOV R1, c[0x0][0x28] ;                      /* 0x00000a0000017a02 */
+                                                                               /* 0x000fc40000000f00 */
+.L_x_0:
+        /*0010*/                   MUFU.EX2 R2, R2 ;                           /* 0x0000000200027308 */
+                                                                               /* 0x000e240000000800 */
+//--------------------- .text.g --------------------------
+.text.g:
+        /*0000*/                   EXIT ;                                      /* 0x000000000000794d */
+                                                                               /* 0x000fea0003800000 */
+"""
+
+
+def test_hex_listing_gives_each_function_its_control_codes_in_order():
+    controls = sass.parse_hex_listing(_HEX_LISTING)
+    assert [c.stall for c in controls["f"]] == [2, 2] and [c.stall for c in controls["g"]] == [5]
+    assert controls["f"][1].write_scoreboard == 0 and controls["f"][0].write_scoreboard is None
+    prog = _program(["MOV R1, c[0x0][0x28]", "MUFU.EX2 R2, R2"])
+    (k,) = sass.attach_controls([sass.Kernel("f", prog, [])], controls)
+    assert [i.control.stall for i in k.instructions] == [2, 2]
+    assert sass.basic_blocks(k.instructions)[0].issue_cycles == 4
+    assert sass.basic_blocks(prog)[0].issue_cycles is None  # unknown without the codes, never a made-up 0
+    # a listing that does not pair up with the instructions is an error, not a shifted reading
+    with pytest.raises(ValueError, match="1 encodings"):
+        sass.attach_controls([sass.Kernel("g", prog, [])], controls)
+    with pytest.raises(ValueError, match="no listing of function h"):
+        sass.attach_controls([sass.Kernel("h", prog, [])], controls)
+    with pytest.raises(ValueError, match="odd number"):
+        sass.parse_hex_listing(".text.f:\n /*0000*/ MOV R1, R2 ; /* 0x00000a0000017a02 */\n")
 
 
 def test_line_ranges_groups_runs_per_file():
@@ -152,6 +201,27 @@ def test_wgmma_hot_loop_is_not_the_whole_kernel(build_cache_dir):
     assert all(i.file is None or i.file.endswith((".cu", ".cuh", ".h", ".hpp")) for i in loop.instructions)
 
 
+def test_persistent_wgmma_hot_loop_is_the_kv_loop_with_issue_cycles(build_cache_dir):
+    tool = _nvdisasm()
+    problem = space.Problem(128, "fp16", False)
+    # the d128 rows' shipped ping-pong config: its tile loop holds the prologue's S and the epilogue's P·V too
+    config = space.default_config(problem, ARCH, "wgmma").replace(
+        consumer_wgs=2, bc=128, stages=2, overlap=True, pingpong=True, scheduler="persistent", o_rescale="before")
+    kernels = sass.disassemble(_build(config, problem, build_cache_dir).cubin_path, tool)
+    (kernel,) = [k for k in kernels if k.name == space.get_family("wgmma").entry]
+    loop = kernel.hot_loop
+    # one K/V tile: S = Q·Kᵀ and P·V, 8 k-steps of 16 each at d128 / Bc 128
+    assert loop.opcodes["HGMMA"] == 16
+    assert any(lp.contains(loop) for lp in kernel.loops)  # inside the persistent tile loop
+    assert all(i.control is not None for i in kernel.instructions)
+    # the softmax block: one MUFU.EX2 per probability (64 per thread per tile) and two for the row corrections;
+    # ptxas spaces them by the MUFU pipe's rate, so the block cannot issue in fewer cycles than its exponentials
+    softmax = max(loop.blocks, key=lambda b: b.opcodes["MUFU"])
+    assert softmax.opcodes["MUFU"] == 66
+    assert softmax.issue_cycles >= 66 * 4
+    assert sum(loop.stall_cycles_by_opcode().values()) == sum(b.issue_cycles for b in loop.blocks)
+
+
 def test_sass_command(build_cache_dir, capsys):
     _nvdisasm()
     from autotune.cli import main
@@ -165,3 +235,26 @@ def test_sass_command(build_cache_dir, capsys):
     assert "--top" in capsys.readouterr().err
     assert main(["sass", *common, "--config", "mma_sync:br=7"]) == 2
     assert "--config" in capsys.readouterr().err
+    assert main(["sass", "--arch", "sm_90"]) == 2
+    assert "--head-dim is required" in capsys.readouterr().err
+
+
+def test_sass_command_reads_a_cubin_of_its_own(build_cache_dir, capsys, tmp_path):
+    tool = _nvdisasm()
+    from autotune.cli import main
+
+    problem = space.Problem(64, "fp16", False)
+    cubin = _build(space.default_config(problem, ARCH, "wgmma"), problem, build_cache_dir).cubin_path
+    assert main(["sass", "--cubin", str(cubin), "--kernel", "wgmma", "--dump"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel    flash_fwd_wgmma" in out and "flash_fwd_combine" not in out
+    assert "stalls    " in out and " cycles " in out
+    assert any(line.strip().startswith("/*") and " s" in line for line in out.splitlines())  # control codes
+    assert main(["sass", "--cubin", str(cubin), "--kernel", "nope"]) == 2
+    assert "flash_fwd_wgmma" in capsys.readouterr().err  # names the functions there are
+    assert main(["sass", "--cubin", str(tmp_path / "missing.cubin")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    (tmp_path / "junk.cubin").write_bytes(b"not an ELF file")
+    assert main(["sass", "--cubin", str(tmp_path / "junk.cubin")]) == 1
+    assert "--cubin" in capsys.readouterr().err
+    assert tool

@@ -11,9 +11,18 @@ executes: blocks such as the masking of a partial tile or the range-checked load
 iterations only, and telling them from the every-iteration path is the reader's call (the source lines make it
 easy). That reading is what found the cp.async address arithmetic that cost the mma_sync family 8-12 % (see
 docs/benchmarks.md).
+
+Each instruction also carries its *control code*, which ptxas writes into the top bits of the encoding (read from
+`nvdisasm -hex`): how many cycles the warp stalls before it may issue its next instruction (the fixed-latency
+dependencies and pipe throughputs ptxas scheduled for, what ncu reports as the `wait` stall), which scoreboard a
+variable-latency result sets and which scoreboards the instruction waits on. A block's *issue cycles* are the sum
+of its stall counts: the fewest cycles one warp needs to get through the block, before any wait on memory, a
+barrier or another variable-latency result. Set against the tensor-core time of the GEMMs it runs beside, they
+say which stretch of a loop can be on the critical path, and two builds (or two kernels) can be compared with no GPU.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -32,6 +41,36 @@ MMA_OPCODES = frozenset({"HMMA", "IMMA", "DMMA", "HGMMA", "IGMMA", "QGMMA", "BGM
 BRANCHES = frozenset({"BRA", "JMP", "BRX", "JMX"})
 ENDS_BLOCK = BRANCHES | {"EXIT", "RET", "CALL"}
 LOCAL_MEMORY = frozenset({"LDL", "STL"})  # in a hot loop, register spills (or stack arrays) reloaded each iteration
+# The control field is the top 23 bits (105-127) of the 128-bit instruction (Volta through Blackwell): the high
+# 64-bit word shifted right by 41. Its low 4 bits are the stall count, bits 5-7 the scoreboard a variable-latency
+# result sets, 8-10 the one a source read releases (7: none), 11-16 the scoreboards waited on.
+CONTROL_SHIFT = 41
+NO_SCOREBOARD = 7
+
+
+@dataclass(frozen=True)
+class Control:
+    """An instruction's control code (see the module docstring)."""
+    stall: int                    # cycles before this warp's next instruction may issue (0-15)
+    write_scoreboard: int | None  # set when the (variable-latency) result is written; None: none
+    read_scoreboard: int | None   # released once the sources are read; None: none
+    wait_mask: int                # bit i: waits for scoreboard i before issuing
+
+    @classmethod
+    def from_high_word(cls, word: int) -> Control:
+        c = word >> CONTROL_SHIFT
+        wb, rb = (c >> 5) & 7, (c >> 8) & 7
+        return cls(stall=c & 15, write_scoreboard=None if wb == NO_SCOREBOARD else wb,
+                   read_scoreboard=None if rb == NO_SCOREBOARD else rb, wait_mask=(c >> 11) & 63)
+
+    def text(self) -> str:
+        """e.g. 's4', 's1 sb0', 's7 w0,2' (stall, the scoreboard set, the ones waited on)."""
+        parts = [f"s{self.stall}"]
+        if self.write_scoreboard is not None:
+            parts.append(f"sb{self.write_scoreboard}")
+        if self.wait_mask:
+            parts.append("w" + ",".join(str(i) for i in range(6) if self.wait_mask >> i & 1))
+        return " ".join(parts)
 
 
 class NvdisasmNotFoundError(RuntimeError):
@@ -46,6 +85,7 @@ class Instruction:
     predicate: str     # "" or e.g. "@P0", "@!P0"
     file: str | None   # source file (a -lineinfo build), else None
     line: int | None
+    control: Control | None = None  # from the encoding (disassemble() reads it; None where not read)
 
     @property
     def base(self) -> str:
@@ -78,6 +118,17 @@ class Block:
     def lines(self) -> list[tuple[str, int]]:
         return sorted({(i.file, i.line) for i in self.instructions if i.file and i.line})
 
+    @property
+    def issue_cycles(self) -> int | None:
+        """The sum of the block's stall counts (see the module docstring); None where a control code is unknown."""
+        return _issue_cycles(self.instructions)
+
+
+def _issue_cycles(instrs: list[Instruction]) -> int | None:
+    if any(i.control is None for i in instrs):
+        return None
+    return sum(i.control.stall for i in instrs)
+
 
 @dataclass
 class Loop:
@@ -94,6 +145,19 @@ class Loop:
     def mma_count(self) -> int:
         return sum(n for op, n in self.opcodes.items() if op in MMA_OPCODES)
 
+    def contains(self, other: Loop) -> bool:
+        """other is a loop nested inside this one."""
+        mine = {i.address for i in self.instructions}
+        return other is not self and {i.address for i in other.instructions} < mine
+
+    def stall_cycles_by_opcode(self) -> Counter:
+        """Opcode → the sum of its stall counts over the loop's blocks (empty where control codes are unknown)."""
+        out: Counter = Counter()
+        for i in self.instructions:
+            if i.control is not None:
+                out[i.base] += i.control.stall
+        return out
+
 
 @dataclass
 class Kernel:
@@ -103,9 +167,13 @@ class Kernel:
 
     @property
     def hot_loop(self) -> Loop | None:
-        """The loop with the most matrix-multiply instructions; of several, the innermost (the smallest); None
-        without loops."""
-        return max(self.loops, key=lambda lp: (lp.mma_count, -len(lp.instructions)), default=None)
+        """The innermost loop holding matrix-multiply instructions (no loop inside it holds any): a persistent
+        kernel's K/V loop, not the tile loop around it with its prologue's and epilogue's GEMMs. Of several such
+        loops the one with the most; of equal counts the smallest. Without any, the smallest loop; None without
+        loops."""
+        with_mma = [lp for lp in self.loops if lp.mma_count]
+        innermost = [lp for lp in with_mma if not any(lp.contains(other) for other in with_mma)]
+        return max(innermost or self.loops, key=lambda lp: (lp.mma_count, -len(lp.instructions)), default=None)
 
 
 # -- finding and running nvdisasm ---------------------------------------------------------------------------------
@@ -149,12 +217,58 @@ def _wheel_candidates() -> list[Path]:
 
 
 def disassemble(cubin: str | os.PathLike, nvdisasm: str | os.PathLike | None = None) -> list[Kernel]:
-    """Every kernel function of the cubin, its instructions and loops."""
+    """Every kernel function of the cubin, its instructions (with their control codes) and loops."""
     tool = Path(nvdisasm) if nvdisasm else find_nvdisasm()
-    proc = subprocess.run([str(tool), "-g", "-json", str(cubin)], capture_output=True, text=True, timeout=120)
+    kernels = parse_json(_run_nvdisasm(tool, cubin, "-g", "-json"))
+    # the JSON form leaves the encodings out: the control codes come from the text listing with -hex
+    return attach_controls(kernels, parse_hex_listing(_run_nvdisasm(tool, cubin, "-c", "-hex")))
+
+
+def _run_nvdisasm(tool: Path, cubin: str | os.PathLike, *flags: str) -> str:
+    proc = subprocess.run([str(tool), *flags, str(cubin)], capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         raise RuntimeError(f"nvdisasm failed on {cubin} (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
-    return parse_json(proc.stdout)
+    return proc.stdout
+
+
+_SECTION = re.compile(r"^\s*\.text\.(\S+):\s*$")
+_WORD = re.compile(r"/\*\s*0x([0-9a-fA-F]{16})\s*\*/")
+
+
+def parse_hex_listing(text: str) -> dict[str, list[Control]]:
+    """`nvdisasm -c -hex` output → function name → its instructions' control codes in order. Each instruction's
+    encoding is printed as two 64-bit words, the low one after the instruction and the high one on the next line."""
+    out: dict[str, list[int]] = {}
+    words: list[int] | None = None
+    for line in text.splitlines():
+        m = _SECTION.match(line)
+        if m:
+            words = out.setdefault(m.group(1), [])
+            continue
+        if words is not None:
+            words.extend(int(w, 16) for w in _WORD.findall(line))
+    controls = {}
+    for name, ws in out.items():
+        if len(ws) % 2:
+            raise ValueError(f"nvdisasm -hex: function {name} has an odd number of encoding words ({len(ws)})")
+        controls[name] = [Control.from_high_word(hi) for hi in ws[1::2]]
+    return controls
+
+
+def attach_controls(kernels: list[Kernel], controls: dict[str, list[Control]]) -> list[Kernel]:
+    """The kernels with each instruction's control code; raises ValueError where a function's instruction count
+    differs between the two listings (they would be paired wrongly)."""
+    out = []
+    for k in kernels:
+        ctl = controls.get(k.name)
+        if ctl is None:
+            raise ValueError(f"nvdisasm -hex: no listing of function {k.name} (functions: {sorted(controls)})")
+        if len(ctl) != len(k.instructions):
+            raise ValueError(f"nvdisasm: function {k.name} has {len(k.instructions)} instructions in the JSON "
+                             f"listing and {len(ctl)} encodings in the -hex one")
+        instrs = [dataclasses.replace(i, control=c) for i, c in zip(k.instructions, ctl)]
+        out.append(Kernel(k.name, instrs, find_loops(instrs)))
+    return out
 
 
 def parse_json(text: str) -> list[Kernel]:
@@ -330,6 +444,6 @@ def source_line(path: str | None, line: int | None) -> str:
     return ""
 
 
-__all__ = ["Block", "Instruction", "Kernel", "Loop", "MMA_OPCODES", "NvdisasmNotFoundError", "basic_blocks",
-           "disassemble", "dominators", "find_loops", "find_nvdisasm", "line_ranges", "parse_json", "source_line",
-           "successors"]
+__all__ = ["Block", "Control", "Instruction", "Kernel", "Loop", "MMA_OPCODES", "NvdisasmNotFoundError",
+           "attach_controls", "basic_blocks", "disassemble", "dominators", "find_loops", "find_nvdisasm", "line_ranges",
+           "parse_hex_listing", "parse_json", "source_line", "successors"]

@@ -14,8 +14,9 @@ import space
 USAGE_ERROR = 2
 
 
-def add_problem_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--head-dim", type=int, required=True, choices=space.HEAD_DIMS, help="head dimension")
+def add_problem_arguments(parser: argparse.ArgumentParser, head_dim_required: bool = True) -> None:
+    parser.add_argument("--head-dim", type=int, required=head_dim_required, choices=space.HEAD_DIMS,
+                        help="head dimension")
     parser.add_argument("--dtype", default="fp16", choices=space.DTYPES, help="element type (default fp16)")
     parser.add_argument("--causal", action="store_true", help="causal (top-left aligned) masking")
     parser.add_argument("--arch", default=None,
