@@ -29,6 +29,7 @@ REG_OVERHEAD = {False: 8, True: 32}
 # temporaries: Bc 80 persistent, non-causal, spilled 24 B).
 REG_OVERHEAD_PERSISTENT_TIGHT = 72
 SCHEDULERS = ("grid", "lpt", "persistent")  # AT_SCHEDULER = index; "grid" is the kernel as it was before the axis
+O_RESCALES = ("after", "before", "fused")    # AT_O_RESCALE = index (traits.cuh kORescale)
 # sm_90's per-block opt-in shared memory and per-SM capacity (traits.cuh's static_asserts use the same figures)
 SMEM_OPTIN_SM90 = 232448
 SMEM_PER_SM_SM90 = 233472
@@ -57,9 +58,11 @@ AXES = (
          "CTA per tile, tiles in L2-sized head sections, longest first when causal) or persistent (SMs × resident "
          "CTAs, each striding through the lpt order; the next tile's loads overlap the current tile's epilogue)",
          SCHEDULERS.index, default="grid"),
-    Axis("o_rescale", ("after", "before"), "AT_O_RESCALE_BEFORE",
-         "overlapped loop: O shrinks by the max correction after P(n-1)·V(n-1) completes, or before it is issued, "
-         "under the S(n) GEMM (FA3's order for head_dim > 128)", lambda v: v == "before", default="after"),
+    Axis("o_rescale", O_RESCALES, "AT_O_RESCALE",
+         "when O shrinks by a tile's max correction: after P(n-1)·V(n-1) completes (skipped when no row's max grew), "
+         "before P(n-1)·V(n-1) is issued, under the S(n) GEMM (overlapped loop; FA3's order for head_dim > 128), or "
+         "fused: after P·V, unconditionally, in one stretch with the exponentials and P's conversion, so the FMULs "
+         "and conversions issue between the MUFU.EX2s (FlashAttention-4's order)", O_RESCALES.index, default="after"),
     Axis("softmax_reduce", ("chain", "tree"), "AT_SOFTMAX_TREE",
          "a tile's row max and row sum: one dependent chain per row, row after row, or four independent partials "
          "per row with both rows side by side (shorter dependency chains, a few more registers)",
@@ -233,6 +236,16 @@ def pingpong_needs_overlap(c, p, a, lay):
 def rescale_before_needs_overlap(c, p, a, lay):
     if c.o_rescale == "before" and not c.overlap:
         return "o_rescale=before needs overlap=True"
+
+
+@rule("fused_overlap_needs_split_release", "o_rescale=fused orders the P·V wait behind the K slot's own release "
+      "(overlapped loop with 2 stages)")
+def fused_overlap_needs_split_release(c, p, a, lay):
+    # ptxas hoists a wait that reads nothing computed in its block to the block's top; in the fused softmax the K
+    # slot's release (split from V's only with two stages, traits kKVReleaseSplit) is what keeps the P·V wait behind
+    # the first row's exponentials (flash_fwd.cu softmax_fused_tile)
+    if c.o_rescale == "fused" and c.overlap and c.stages != 2:
+        return f"o_rescale=fused with overlap=True needs stages=2, got {c.stages}"
 
 
 @rule("setmaxnreg_needs_two_consumers", "with one consumer warpgroup every thread already gets 255 registers")

@@ -36,7 +36,7 @@ def fake_tflops(config: space.Config) -> float:
     # the axis, the other schedulers sit more than the jitter's range below them.
     scheduler = d.get("scheduler", "grid")
     score -= {"grid": 0, "lpt": 25, "persistent": 50}[scheduler]
-    score -= {"after": 0, "before": 50}[d.get("o_rescale", "after")]
+    score -= {"after": 0, "before": 50, "fused": 60}[d.get("o_rescale", "after")]
     key = config.key.removesuffix(",o_rescale=after").removesuffix(",scheduler=grid")
     return round(score + 20 * _jitter(key), 3)
 
@@ -82,7 +82,8 @@ def prefill_slice(configs) -> list:
     it had; a replay samples only the axis values its landscape holds, so nothing else is ever asked."""
     return [c for c in configs
             if getattr(c, "kv_splits", 1) == 1 and not getattr(c, "pack_gqa", False) and getattr(c, "stages", 2) <= 4
-            and getattr(c, "softmax_reduce", "chain") == "chain" and getattr(c, "exp2_fma", "none") == "none"]
+            and getattr(c, "softmax_reduce", "chain") == "chain" and getattr(c, "exp2_fma", "none") == "none"
+            and getattr(c, "o_rescale", "after") != "fused"]
 
 
 def synthetic_landscape(shape: space.Shape = SHAPE, families=("wgmma",), limit: int | None = None,

@@ -376,10 +376,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kSRegs], float (&m)[2], 
     }
 }
 
-// Skipped, exactly, when no row of the warp got a new maximum (every factor is then 1): after the first few key
-// tiles that is most tiles, and it saves D/2 FMULs per thread (a quarter of a d256 tile's instructions).
-__device__ __forceinline__ void rescale_o(float (&o)[kORegs], const float (&corr)[2]) {
-    if (__all_sync(0xffffffff, corr[0] == 1.f && corr[1] == 1.f)) return;
+__device__ __forceinline__ void scale_o(float (&o)[kORegs], const float (&corr)[2]) {
 #pragma unroll
     for (int j = 0; j < kHeadDim / 8; ++j) {
         o[4 * j + 0] *= corr[0];
@@ -387,6 +384,13 @@ __device__ __forceinline__ void rescale_o(float (&o)[kORegs], const float (&corr
         o[4 * j + 2] *= corr[1];
         o[4 * j + 3] *= corr[1];
     }
+}
+
+// Skipped, exactly, when no row of the warp got a new maximum (every factor is then 1): after the first few key
+// tiles that is most tiles, and it saves D/2 FMULs per thread (a quarter of a d256 tile's instructions).
+__device__ __forceinline__ void rescale_o(float (&o)[kORegs], const float (&corr)[2]) {
+    if (__all_sync(0xffffffff, corr[0] == 1.f && corr[1] == 1.f)) return;
+    scale_o(o, corr);
 }
 
 // P's accumulator layout equals the m64nNk16 A-fragment layout once packed pairwise: k-step kk takes the two
@@ -484,6 +488,55 @@ __device__ __forceinline__ void softmax_any(bool mask, float (&s)[kSRegs], float
         else
             softmax_tile<false>(s, m, l, corr, scale_log2, diag0, diag1, col0, seqlen_k);
     }
+}
+
+__device__ __forceinline__ void release(uint32_t empty_bar);
+
+// o_rescale=fused: a tile's softmax, then (overlapped loop) the wait for P(n-1)·V(n-1) and its V slot's release, O
+// scaled by the corrections unconditionally and P converted, as one straight stretch of code per masking variant.
+// ptxas schedules within a basic block: here the FMULs and F2FPs share one with the MUFU.EX2s, which issue one per
+// 8 cycles, and fill the slots between them (FlashAttention-4's loop, read in its SASS: docs/benchmarks.md). The
+// other orders run them after the exponentials, behind the skipped rescale's vote and branch or the join of the
+// masked and unmasked softmax, which adds their issue cycles to every K/V tile.
+// kWaitPV: P(n-1)·V(n-1) may still be running (overlapped loop), so O and P wait for it and its V slot is freed;
+// kScaleO: false on a tile's first K/V tile (O is still zero).
+template <bool kMask, bool kWaitPV, bool kScaleO>
+__device__ __forceinline__ void softmax_fused_tile(float (&s)[kSRegs], float (&m)[2], float (&l)[2], float (&corr)[2],
+                                                   float (&o)[kORegs], uint32_t (&pf)[kPRegs], float scale_log2,
+                                                   int diag0, int diag1, int col0, int seqlen_k, uint32_t v_empty,
+                                                   uint32_t k_empty = 0) {
+    if constexpr (kSoftmaxTree)
+        softmax_tile_tree<kMask>(s, m, l, corr, scale_log2, diag0, diag1, col0, seqlen_k);
+    else
+        softmax_tile<kMask>(s, m, l, corr, scale_log2, diag0, diag1, col0, seqlen_k);
+    if constexpr (kWaitPV) {
+        // The K slot's release, here rather than before the softmax: its lane is also predicated on the first row's
+        // new sum, true on every thread (a sum of exponentials; a NaN compares false) but not known to ptxas, so the
+        // arrive follows that row's exponentials and the wait, which ptxas keeps behind the arrive, follows it too.
+        // Without it ptxas hoists the wait (it reads nothing computed here) to the top of the block, and the
+        // softmax then waits for P(n-1)·V(n-1) instead of running under it. Hence the rule
+        // fused_overlap_needs_split_release (traits.cuh): the joint release has no K arrive to order the wait.
+        if (threadIdx.x % 32 == 0 && !(l[0] < 0.f)) mbar_arrive(k_empty);
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pf);
+        release(v_empty);
+    }
+    if constexpr (kScaleO) scale_o(o, corr);
+    convert_p(s, pf);
+}
+
+template <bool kWaitPV, bool kScaleO>
+__device__ __forceinline__ void softmax_fused(bool mask, float (&s)[kSRegs], float (&m)[2], float (&l)[2],
+                                              float (&corr)[2], float (&o)[kORegs], uint32_t (&pf)[kPRegs],
+                                              float scale_log2, int diag0, int diag1, int col0, int seqlen_k,
+                                              uint32_t v_empty, uint32_t k_empty = 0) {
+    if (mask)
+        softmax_fused_tile<true, kWaitPV, kScaleO>(s, m, l, corr, o, pf, scale_log2, diag0, diag1, col0, seqlen_k,
+                                                   v_empty, k_empty);
+    else
+        softmax_fused_tile<false, kWaitPV, kScaleO>(s, m, l, corr, o, pf, scale_log2, diag0, diag1, col0, seqlen_k,
+                                                    v_empty, k_empty);
 }
 
 // Which query row and head a local row of a warpgroup's tile is (packed GQA: row r is query row r / G of head
@@ -664,10 +717,15 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             wgmma_wait<0>();
             fence_regs(s);
             release_k(sm, stage);
-            softmax_any(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
-                        n * kBc, keys_of(p, batch));
-            rescale_o(o, corr);
-            convert_p(s, pf);
+            if constexpr (kRescaleFused) {
+                softmax_fused<false, true>(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, o, pf,
+                                           scale_log2, diag0, diag1, n * kBc, keys_of(p, batch), 0);
+            } else {
+                softmax_any(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
+                            n * kBc, keys_of(p, batch));
+                rescale_o(o, corr);
+                convert_p(s, pf);
+            }
             mbar_wait(sm.v_full(stage), phase);
             clear_unused_v(p, sm.v_tile(stage), n, keys_of(p, batch), wg);
             fence_regs(o);
@@ -690,9 +748,14 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         wgmma_wait<0>();
         fence_regs(s);
         release_k(sm, stage);
-        softmax_any(tile_needs_mask(n_begin, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
-                    n_begin * kBc, keys_of(p, batch));
-        convert_p(s, pf);
+        if constexpr (kRescaleFused) {
+            softmax_fused<false, false>(tile_needs_mask(n_begin, wg_diag, keys_of(p, batch)), s, m, l, corr, o, pf,
+                                        scale_log2, diag0, diag1, n_begin * kBc, keys_of(p, batch), 0);
+        } else {
+            softmax_any(tile_needs_mask(n_begin, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0,
+                        diag1, n_begin * kBc, keys_of(p, batch));
+            convert_p(s, pf);
+        }
 
         int prev_stage = stage;
         uint32_t prev_phase = phase;
@@ -700,7 +763,8 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         // o_rescale=after: O(n-1) = (O(n-2) + P(n-1)·V(n-1)) · corr(n), once P·V has completed (O is then on the
         // path from the P·V wait to the next issue). o_rescale=before (FA3's order for head_dim > 128): O(n-2) is
         // multiplied by corr(n-1) right after S(n) is issued, under that GEMM, and P(n-1)·V(n-1) accumulates onto it.
-        // Both apply every factor once; with P(0)·V(0) onto the zero O, the first factor never matters.
+        // o_rescale=fused: after's order, every tile, in one stretch with the softmax (softmax_fused_tile).
+        // All apply every factor once; with P(0)·V(0) onto the zero O, the first factor never matters.
         for (int n = n_begin + 1; n < n_end; ++n) {
             mbar_wait(sm.k_full(stage), phase);
             if constexpr (!kRescaleBefore) {
@@ -726,15 +790,21 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             turns.end();
             wgmma_wait<1>();  // S(n) is ready; P(n-1)·V(n-1) may still run under the softmax
             fence_regs(s);
-            release_k(sm, stage);
-            softmax_any(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
-                        n * kBc, keys_of(p, batch));
-            wgmma_wait<0>();
-            fence_regs(o);
-            fence_regs(pf);
-            release(sm.v_empty(prev_stage));
-            if constexpr (!kRescaleBefore) rescale_o(o, corr);
-            convert_p(s, pf);
+            if constexpr (kRescaleFused) {
+                softmax_fused<true, true>(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, o, pf,
+                                          scale_log2, diag0, diag1, n * kBc, keys_of(p, batch),
+                                          sm.v_empty(prev_stage), sm.k_empty(stage));
+            } else {
+                release_k(sm, stage);
+                softmax_any(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
+                            n * kBc, keys_of(p, batch));
+                wgmma_wait<0>();
+                fence_regs(o);
+                fence_regs(pf);
+                release(sm.v_empty(prev_stage));
+                if constexpr (!kRescaleBefore) rescale_o(o, corr);
+                convert_p(s, pf);
+            }
             prev_stage = stage;
             prev_phase = phase;
             ring.advance();

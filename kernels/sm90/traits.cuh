@@ -5,7 +5,7 @@
 #if !defined(AT_HEAD_DIM) || !defined(AT_DTYPE_BF16) || !defined(AT_CAUSAL) || !defined(AT_CONSUMER_WGS) ||     \
     !defined(AT_BC) || !defined(AT_STAGES) || !defined(AT_SETMAXNREG) || !defined(AT_OVERLAP) ||                 \
     !defined(AT_PINGPONG) || !defined(AT_O_STORE_SMEM) || !defined(AT_MIN_BLOCKS) || !defined(AT_SCHEDULER) ||  \
-    !defined(AT_O_RESCALE_BEFORE) || !defined(AT_EXPECT_THREADS) || !defined(AT_EXPECT_SMEM_STATIC) || !defined(AT_EXPECT_SMEM_DYNAMIC)
+    !defined(AT_O_RESCALE) || !defined(AT_EXPECT_THREADS) || !defined(AT_EXPECT_SMEM_STATIC) || !defined(AT_EXPECT_SMEM_DYNAMIC)
 #error "wgmma family: build through space.defines(config, problem); a macro is missing"
 #endif
 
@@ -36,9 +36,14 @@ constexpr bool kOverlap = AT_OVERLAP != 0;     // issue S(n) together with P(n-1
 constexpr bool kPingPong = AT_PINGPONG != 0;   // two consumer warpgroups take turns on the tensor cores
 constexpr bool kOStoreSmem = AT_O_STORE_SMEM != 0;  // stage O in shared memory for 16-byte row stores
 constexpr int kMinBlocks = AT_MIN_BLOCKS;
-// Overlapped loop only: multiply O by the previous tile's correction right after S(n) is issued, before
-// P(n-1)·V(n-1) (FA3's RescaleOBeforeGemm, its choice for head_dim > 128), instead of after P·V completes.
-constexpr bool kRescaleBefore = AT_O_RESCALE_BEFORE != 0;
+// When O shrinks by a tile's max correction (AT_O_RESCALE): 0 after P(n-1)·V(n-1) completes, skipped when no row's
+// max grew; 1 (overlapped loop only) right after S(n) is issued, before P(n-1)·V(n-1) (FA3's RescaleOBeforeGemm,
+// its choice for head_dim > 128); 2 after P·V completes too, but unconditionally and in the same straight-line
+// code as the tile's exponentials and P's conversion (FlashAttention-4's order): ptxas then issues the FMULs and
+// F2FPs in the slots between the MUFU.EX2s, which issue one per 8 cycles, instead of after them.
+constexpr int kORescale = AT_O_RESCALE;
+constexpr bool kRescaleBefore = kORescale == 1;
+constexpr bool kRescaleFused = kORescale == 2;
 // A tile's row max and row sum: one dependent chain per row, row after row (0), or four independent partials per row
 // with both rows side by side (1: shorter dependency chains; flash_fwd.cu softmax_tile_tree).
 constexpr bool kSoftmaxTree = AT_SOFTMAX_TREE != 0;
@@ -132,8 +137,12 @@ static_assert(kStages >= 2, "stages_at_least_two: the overlapped loop holds two 
 static_assert(!kPingPong || kConsumerWGs == 2, "pingpong_needs_two_consumers: ping-pong alternates two warpgroups");
 static_assert(!kPingPong || kOverlap,
               "pingpong_needs_overlap: a ping-pong turn is the S(n) + P(n-1)·V(n-1) issue of the overlapped loop");
+static_assert(kORescale >= 0 && kORescale <= 2, "o_rescale_known: AT_O_RESCALE is 0 after, 1 before or 2 fused");
 static_assert(!kRescaleBefore || kOverlap,
               "rescale_before_needs_overlap: o_rescale=before reorders the overlapped loop's S(n) + P(n-1)·V(n-1) issue");
+static_assert(!kRescaleFused || !kOverlap || kStages == 2,
+              "fused_overlap_needs_split_release: o_rescale=fused orders the P·V wait behind the K slot's own release "
+              "(overlapped loop with 2 stages)");
 static_assert(!kSetMaxNReg || kConsumerWGs >= 2,
               "setmaxnreg_needs_two_consumers: with one consumer warpgroup every thread already gets 255 registers");
 static_assert(!kSetMaxNReg || kMinBlocks == 1,
