@@ -55,6 +55,12 @@
 #                                                   N4096 rows against FlashAttention-2 (SDPA flash) timed beside each
 #                                                   winner: studies/campaigns/h200-mma-sync.toml into $OUT/mma-sync.db
 #                                                   (never merged into the shipped table), table in $OUT/mma-sync.md
+#   bash benchmarks/prefill_checklist.sh fused      o_rescale=fused (O's rescale and P's conversion among the
+#                                                   exponentials, FlashAttention-4's order): the wgmma GPU matrix, then
+#                                                   benchmarks/kernel_ab.py with --before kernels (both sides one tree:
+#                                                   a row's before/after spread is the method's noise) of the shipped
+#                                                   d128 ping-pong and d64 three-warpgroup configs beside their fused
+#                                                   twins on seven rows (docs/benchmarks.md, 2026-12-05 prediction)
 #   bash benchmarks/prefill_checklist.sh ncu        the ncu part alone (FlashAttention-4 installed by `peers` on
 #                                                   this host)
 # Each step has its own time limit so one slow step cannot take the others' share.
@@ -113,6 +119,16 @@ case "${1:-}" in
     PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step peers 330 python3 -u benchmarks/peers_table.py --rep-ms 150 \
       --out "$OUT/peers"
     bash "$0" ncu ;;
+  fused)
+    wgmma_matrix
+    W=wgmma:setmaxnreg=1,o_store=smem,min_blocks=1,softmax_reduce=chain,exp2_fma=none,kv_splits=1,pack_gqa=0
+    P=$W,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=1,scheduler=persistent  # five d128 rows' (or=before)
+    T=$W,consumer_wgs=3,bc=128,stages=3,overlap=0,pingpong=0,scheduler=persistent  # the d64 rows' (or=after)
+    TAIL=90 step fused_ab 420 python3 -u benchmarks/kernel_ab.py --before kernels --out "$OUT/ab-fused" --rounds 3 \
+      --shape b4-h16-n4096-d128-fp16-full --shape b1-h64-n1024-d128-fp16-full --shape b1-h24-n4608-d128-bf16-full \
+      --shape b1-h32-kv8-n8192-d128-bf16-causal --shape b4-h32-n4096-d64-fp16-full --shape b16-h16-n512-d64-fp16-full \
+      --shape b64-h16-n577-d64-bf16-full --config "$P,o_rescale=before" --config "$P,o_rescale=fused" \
+      --config "$T,o_rescale=after" --config "$T,o_rescale=fused" ;;
   levers)
     wgmma_matrix
     # before = main before both changes, carried as .ab/9c18ec9 (git-ignored; the host has no git history):

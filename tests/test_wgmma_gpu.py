@@ -91,6 +91,19 @@ LADDER = tuple(Config.make("wgmma", **d) for d in (
          softmax_reduce="tree", exp2_fma="quarter"),
     dict(consumer_wgs=1, bc=128, stages=3, setmaxnreg=False, overlap=True, pingpong=False, o_store="direct", min_blocks=1,
          kv_splits=3, pack_gqa=True, exp2_fma="quarter"),
+    # o_rescale=fused (O scaled and P converted among the exponentials, the P·V wait behind the K slot's release):
+    # the shipped d128 ping-pong row's shape (persistent), the same on the grid with the tree reductions, overlap
+    # without ping-pong at Bc 176, d64's three warpgroups without overlap, and under splits with packed heads
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="smem", min_blocks=1,
+         scheduler="persistent", o_rescale="fused"),
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="direct", min_blocks=1,
+         o_rescale="fused", softmax_reduce="tree"),
+    dict(consumer_wgs=2, bc=176, stages=2, setmaxnreg=True, overlap=True, pingpong=False, o_store="smem", min_blocks=1,
+         scheduler="lpt", o_rescale="fused"),
+    dict(consumer_wgs=3, bc=128, stages=3, setmaxnreg=True, overlap=False, pingpong=False, o_store="smem",
+         min_blocks=1, scheduler="persistent", o_rescale="fused"),
+    dict(consumer_wgs=1, bc=128, stages=2, setmaxnreg=False, overlap=True, pingpong=False, o_store="direct", min_blocks=1,
+         kv_splits=3, pack_gqa=True, o_rescale="fused"),
     # the decode axes on prefill shapes too (every split count is in tests/test_decode_gpu.py): packed GQA heads with
     # splits, splits under ping-pong, packed heads across three warpgroups without overlap
     dict(consumer_wgs=1, bc=128, stages=3, setmaxnreg=False, overlap=True, pingpong=False, o_store="direct", min_blocks=1,
@@ -125,7 +138,8 @@ D256 = tuple((p, c) for p in (Problem(256, dt, causal) for dt in space.DTYPES fo
 D256 += tuple((p, Config.make("wgmma", consumer_wgs=2, bc=80, stages=2, setmaxnreg=True, overlap=ov, pingpong=pp,
                               o_store="smem", min_blocks=1, o_rescale=r))
               for p in (Problem(256, dt, c) for dt in space.DTYPES for c in (False, True))
-              for ov, pp, r in ((False, False, "after"), (True, False, "before")))
+              for ov, pp, r in ((False, False, "after"), (True, False, "before"), (True, False, "fused"),
+                                (False, False, "fused")))
 PLAN = tuple((p, c) for p in PROBLEMS for c in plan_for(p)) + D256
 
 
