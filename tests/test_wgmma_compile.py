@@ -112,7 +112,7 @@ def test_sample_has_both_verdicts():
     assert {c.setmaxnreg for c, _ in valid} == {True, False}
     assert {c.o_store for c, _ in valid} == {"direct", "smem"}
     assert {c.scheduler for c, _ in valid} == {"grid", "lpt", "persistent"}
-    assert {c.o_rescale for c, _ in valid} == {"after", "before"}
+    assert {c.o_rescale for c, _ in valid} == set(space.wgmma.O_RESCALES)
     assert {c.softmax_reduce for c, _ in valid} == {"chain", "tree"}
     assert {c.exp2_fma for c, _ in valid} == {"none", "quarter"}
     assert {c.pack_gqa for c, _ in valid} == {True, False}
