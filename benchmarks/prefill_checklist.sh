@@ -56,11 +56,15 @@
 #                                                   winner: studies/campaigns/h200-mma-sync.toml into $OUT/mma-sync.db
 #                                                   (never merged into the shipped table), table in $OUT/mma-sync.md
 #   bash benchmarks/prefill_checklist.sh fused      o_rescale=fused (O's rescale and P's conversion among the
-#                                                   exponentials, FlashAttention-4's order): the wgmma GPU matrix, then
-#                                                   benchmarks/kernel_ab.py with --before kernels (both sides one tree:
-#                                                   a row's before/after spread is the method's noise) of the shipped
-#                                                   d128 ping-pong and d64 three-warpgroup configs beside their fused
-#                                                   twins on seven rows (docs/benchmarks.md, 2026-12-05 prediction)
+#                                                   exponentials, FlashAttention-4's order): benchmarks/kernel_ab.py
+#                                                   with --before kernels (both sides one tree: a row's before/after
+#                                                   spread is the method's noise; kernel_ab checks every build against
+#                                                   the fp32 reference before timing it) of the shipped d128 ping-pong
+#                                                   and d64 three-warpgroup configs beside their fused twins on seven
+#                                                   rows (docs/benchmarks.md, 2026-12-05 prediction)
+#   bash benchmarks/prefill_checklist.sh fused-matrix   the wgmma GPU matrix's o_rescale=fused rows alone (44
+#                                                   configs; the whole matrix with the A/B would not fit one run's
+#                                                   600 s)
 #   bash benchmarks/prefill_checklist.sh ncu        the ncu part alone (FlashAttention-4 installed by `peers` on
 #                                                   this host)
 # Each step has its own time limit so one slow step cannot take the others' share.
@@ -119,8 +123,9 @@ case "${1:-}" in
     PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step peers 330 python3 -u benchmarks/peers_table.py --rep-ms 150 \
       --out "$OUT/peers"
     bash "$0" ncu ;;
+  fused-matrix)
+    MATRIX_SELECT=o_rescale=fused gpu_matrix wgmma_fused_tests 300 test_wgmma_gpu ;;
   fused)
-    wgmma_matrix
     W=wgmma:setmaxnreg=1,o_store=smem,min_blocks=1,softmax_reduce=chain,exp2_fma=none,kv_splits=1,pack_gqa=0
     P=$W,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=1,scheduler=persistent  # five d128 rows' (or=before)
     T=$W,consumer_wgs=3,bc=128,stages=3,overlap=0,pingpong=0,scheduler=persistent  # the d64 rows' (or=after)
