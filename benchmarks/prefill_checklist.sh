@@ -126,14 +126,17 @@ case "${1:-}" in
   fused-matrix)
     MATRIX_SELECT=o_rescale=fused gpu_matrix wgmma_fused_tests 300 test_wgmma_gpu ;;
   fused)
-    W=wgmma:setmaxnreg=1,o_store=smem,min_blocks=1,softmax_reduce=chain,exp2_fma=none,kv_splits=1,pack_gqa=0
+    W=wgmma:setmaxnreg=1,o_store=smem,min_blocks=1,exp2_fma=none,kv_splits=1,pack_gqa=0
     P=$W,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=1,scheduler=persistent  # five d128 rows' (or=before)
     T=$W,consumer_wgs=3,bc=128,stages=3,overlap=0,pingpong=0,scheduler=persistent  # the d64 rows' (or=after)
+    # the ping-pong config's fused twin also with the four-partial reductions: its softmax block issues in 748
+    # cycles against chain's 799 (with o_rescale=before, tree lost 5.6 % on d128, 2026-12-04)
     TAIL=90 step fused_ab 420 python3 -u benchmarks/kernel_ab.py --before kernels --out "$OUT/ab-fused" --rounds 3 \
       --shape b4-h16-n4096-d128-fp16-full --shape b1-h64-n1024-d128-fp16-full --shape b1-h24-n4608-d128-bf16-full \
       --shape b1-h32-kv8-n8192-d128-bf16-causal --shape b4-h32-n4096-d64-fp16-full --shape b16-h16-n512-d64-fp16-full \
-      --shape b64-h16-n577-d64-bf16-full --config "$P,o_rescale=before" --config "$P,o_rescale=fused" \
-      --config "$T,o_rescale=after" --config "$T,o_rescale=fused" ;;
+      --shape b64-h16-n577-d64-bf16-full --config "$P,o_rescale=before,softmax_reduce=chain" \
+      --config "$P,o_rescale=fused,softmax_reduce=chain" --config "$P,o_rescale=fused,softmax_reduce=tree" \
+      --config "$T,o_rescale=after,softmax_reduce=chain" --config "$T,o_rescale=fused,softmax_reduce=chain" ;;
   levers)
     wgmma_matrix
     # before = main before both changes, carried as .ab/9c18ec9 (git-ignored; the host has no git history):
