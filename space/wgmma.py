@@ -288,8 +288,8 @@ def kv_splits_store_direct(c, p, a, lay):
 
 RULES = (head_dim_chunks, bc_multiple_of_16, pingpong_needs_two_consumers, pingpong_needs_overlap,
          rescale_before_needs_overlap, fused_overlap_needs_split_release, kv_splits_range, split_pack_need_grid,
-         kv_splits_store_direct, setmaxnreg_needs_two_consumers, setmaxnreg_one_block, threads_per_block, threads_per_sm, static_smem_limit,
-         smem_optin_limit, min_blocks_smem, accumulators_fit_registers)
+         kv_splits_store_direct, setmaxnreg_needs_two_consumers, setmaxnreg_one_block, threads_per_block,
+         threads_per_sm, static_smem_limit, smem_optin_limit, min_blocks_smem, accumulators_fit_registers)
 
 
 def default(p: Problem, a: Arch) -> Config:

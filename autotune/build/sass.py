@@ -121,13 +121,9 @@ class Block:
     @property
     def issue_cycles(self) -> int | None:
         """The sum of the block's stall counts (see the module docstring); None where a control code is unknown."""
-        return _issue_cycles(self.instructions)
-
-
-def _issue_cycles(instrs: list[Instruction]) -> int | None:
-    if any(i.control is None for i in instrs):
-        return None
-    return sum(i.control.stall for i in instrs)
+        if any(i.control is None for i in self.instructions):
+            return None
+        return sum(i.control.stall for i in self.instructions)
 
 
 @dataclass

@@ -140,7 +140,7 @@ static_assert(!kPingPong || kOverlap,
 static_assert(kORescale >= 0 && kORescale <= 2, "o_rescale_known: AT_O_RESCALE is 0 after, 1 before or 2 fused");
 static_assert(!kRescaleBefore || kOverlap,
               "rescale_before_needs_overlap: o_rescale=before reorders the overlapped loop's S(n) + P(n-1)·V(n-1) issue");
-static_assert(!kRescaleFused || !kOverlap || kStages == 2,
+static_assert(!kRescaleFused || !kOverlap || kKVReleaseSplit,
               "fused_overlap_needs_split_release: o_rescale=fused orders the P·V wait behind the K slot's own release "
               "(overlapped loop with 2 stages)");
 static_assert(!kSetMaxNReg || kConsumerWGs >= 2,
