@@ -10,7 +10,9 @@ the heuristic default; the config that ran is printed under the table), SDPA's f
 cuDNN backends, and FlashAttention-4 (flash_attn.cute; its SM90 path is the FlashAttention-3 design) where it
 imports. Each kernel runs on its own layout: ours and SDPA on (B, H, N, D), FlashAttention-4 on (B, N, H, D).
 Every output is checked against torch SDPA on the same inputs before anything is timed; every time is
-autotune.measure.timing.bench's median (L2 flushed before each repetition, CUDA events). TFLOPS = 4·B·H·N²·D / time,
+autotune.measure.timing.bench's median (L2 flushed before each repetition, CUDA events), taken --rounds times
+per kernel, interleaved across the row's kernels, the best round kept (one pass alone moved a row by up to 4 %
+on the H200 between alternations of one binary). TFLOPS = 4·B·H·N²·D / time,
 halved for causal; "ours / best" is against the fastest peer of the row.
 
 Output: a markdown table (printed last) and OUT/peers.json.
@@ -24,6 +26,7 @@ OUT/decode.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -61,7 +64,10 @@ def rel_error(got, want) -> float:
     return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
-def measure_shape(shape: Shape, warmup_ms: float, rep_ms: float) -> dict:
+def measure_shape(shape: Shape, warmup_ms: float, rep_ms: float, rounds: int = 1) -> dict:
+    """Every kernel of the row checked against torch SDPA, then timed `rounds` times, interleaved (ours, the SDPA
+    backends, FlashAttention-4, ours, ...), so that a slow stretch of the GPU's clocks lands on every column alike;
+    a column's number is its best round's median, and `spread` its rounds' (max - min) / max."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -76,7 +82,8 @@ def measure_shape(shape: Shape, warmup_ms: float, rep_ms: float) -> dict:
                          "aligned top-left, FlashAttention's bottom-right: not one function to compare)")
     q, k, v = make_inputs(shape, "bhnd", seed=1)
     gqa = {"enable_gqa": True} if shape.kv_heads != shape.heads else {}  # K/V heads go in grouped, as they are
-    row: dict = {"shape": shape.key, "tflops": {}, "notes": {}}
+    row: dict = {"shape": shape.key, "tflops": {}, "notes": {}, "spread": {}, "rounds": rounds}
+    calls = {}  # name -> (call, the SDPA backend it runs under or None)
     with torch.no_grad():
         want = F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal, **gqa)
         ours = lambda: autotune.attention(q, k, v, causal=shape.causal)  # noqa: E731
@@ -85,27 +92,44 @@ def measure_shape(shape: Shape, warmup_ms: float, rep_ms: float) -> dict:
         if not err <= TOLERANCE:
             row["notes"]["ours"] = f"wrong: relative error {err:.3g} vs SDPA"
         else:
-            row["tflops"]["ours"] = shape.tflops(bench(ours, warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms / 1e3)
+            calls["ours"] = (ours, None)
         for name, backend in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
-            with sdpa_kernel(backend):
-                fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal, **gqa)  # noqa: E731
-                try:
+            fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal, **gqa)  # noqa: E731
+            try:
+                with sdpa_kernel(backend):
                     err = rel_error(fn(), want)
-                except RuntimeError as e:
-                    row["notes"][name] = f"refused: {str(e).splitlines()[0]}"
-                    continue
-                if not err <= TOLERANCE:
-                    row["notes"][name] = f"wrong: relative error {err:.3g}"
-                    continue
-                row["tflops"][name] = shape.tflops(bench(fn, warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms / 1e3)
+            except RuntimeError as e:
+                row["notes"][name] = f"refused: {str(e).splitlines()[0]}"
+                continue
+            if not err <= TOLERANCE:
+                row["notes"][name] = f"wrong: relative error {err:.3g}"
+                continue
+            calls[name] = (fn, backend)
     try:
-        row["tflops"]["fa4"] = shape.tflops(peer_fa4.fa4_timing(shape, warmup_ms, rep_ms).median_ms / 1e3)
+        calls["fa4"] = (peer_fa4.fa4_checked_call(shape), None)
     except peer_fa4.PeerUnavailable as e:
         row["notes"]["fa4"] = str(e)
+    def tflops(name):
+        fn, backend = calls[name]
+        with torch.no_grad(), sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+            return shape.tflops(bench(fn, warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms / 1e3)
+
+    row["tflops"], row["spread"] = interleaved_best(list(calls), rounds, tflops)
     best = max((row["tflops"][p] for p in PEERS if p in row["tflops"]), default=None)
     row["best_peer"] = best
     row["ours_vs_best"] = row["tflops"]["ours"] / best if best and "ours" in row["tflops"] else None
     return row
+
+
+def interleaved_best(names: list[str], rounds: int, measure) -> tuple[dict[str, float], dict[str, float]]:
+    """measure(name) (a rate: higher is better) for every name, round after round in the same order, so that a
+    slow stretch of the device lands on every name alike: each name's best round, and its (max - min) / max."""
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        for name in names:
+            samples[name].append(measure(name))
+    best = {name: max(got) for name, got in samples.items()}
+    return best, {name: (best[name] - min(got)) / best[name] for name, got in samples.items()}
 
 
 def markdown(rows: list[dict]) -> str:
@@ -125,6 +149,9 @@ def markdown(rows: list[dict]) -> str:
     lines.append("")
     for r in rows:
         lines.append(f"- {r['config']}")
+        if r.get("spread"):
+            lines.append(f"  - spread over {r['rounds']} rounds: "
+                         + ", ".join(f"{name} {s * 100:.1f} %" for name, s in r["spread"].items()))
         for name, note in r["notes"].items():
             lines.append(f"  - {name}: {note}")
     return "\n".join(lines)
@@ -135,6 +162,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", action="append", type=parse_shape, default=None, help="shape key (repeatable)")
     ap.add_argument("--warmup-ms", type=float, default=25)
     ap.add_argument("--rep-ms", type=float, default=200)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="times each kernel is timed, interleaved with the others; a column is its best round")
     ap.add_argument("--out", type=Path, default=Path("peers-out"))
     ap.add_argument("--kv-l2-promotion", choices=("256B", "128B", "none"), default=None,
                     help="A/B: the K/V tensor maps' L2 promotion for every call (default: the product's choice, "
@@ -142,6 +171,8 @@ def main(argv=None) -> int:
     ap.add_argument("--decode", action="store_true",
                     help="also the decode rows, graph-timed as benchmarks/decode_table.py times them")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds: expected a positive count, got {args.rounds}")
     import torch
 
     if args.kv_l2_promotion:
@@ -156,7 +187,7 @@ def main(argv=None) -> int:
     rows = []
     for shape in shapes:
         t0 = time.monotonic()
-        rows.append(measure_shape(shape, args.warmup_ms, args.rep_ms))
+        rows.append(measure_shape(shape, args.warmup_ms, args.rep_ms, args.rounds))
         print(f"{shape.key}: {({k: round(v, 1) for k, v in rows[-1]['tflops'].items()})} "
               f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,16 @@ def unavailable() -> str | None:
 
 def fa4_timing(shape: Shape, warmup_ms: float = 25, rep_ms: float = 100, n_rep: int | None = None) -> Timing:
     """Check FlashAttention-4 on `shape` against torch SDPA, then time it like every other row."""
+    import torch
+
+    fn = fa4_checked_call(shape)
+    with torch.no_grad():
+        return bench(fn, warmup_ms=warmup_ms, rep_ms=rep_ms, n_rep=n_rep)
+
+
+def fa4_checked_call(shape: Shape):
+    """A no-argument call of FlashAttention-4 on fresh inputs of `shape`, checked against torch SDPA first (for
+    callers that time it several times, interleaved with other kernels); PeerUnavailable says why not."""
     why = unavailable()
     if why:
         raise PeerUnavailable(f"fa4: {why}")
@@ -68,8 +78,7 @@ def fa4_timing(shape: Shape, warmup_ms: float = 25, rep_ms: float = 100, n_rep: 
     err = ((got.float() - want.float()).norm() / want.float().norm()).item()
     if not err <= PEER_TOLERANCE:  # also catches NaN
         raise PeerUnavailable(f"fa4: output differs from torch SDPA on {shape.key} (relative error {err:.3g})")
-    with torch.no_grad():
-        return bench(fn, warmup_ms=warmup_ms, rep_ms=rep_ms, n_rep=n_rep)
+    return fn
 
 
-__all__ = ["PEER_TOLERANCE", "PeerUnavailable", "fa4_timing", "unavailable"]
+__all__ = ["PEER_TOLERANCE", "PeerUnavailable", "fa4_checked_call", "fa4_timing", "unavailable"]

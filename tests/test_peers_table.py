@@ -1,0 +1,28 @@
+"""benchmarks/peers_table.py's rounds, on CPU: kernels are timed interleaved, round after round, and a column keeps
+its best round (a slow stretch of the GPU must land on every column, not on one)."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import peers_table  # noqa: E402
+
+
+def test_rounds_interleave_and_keep_each_columns_best():
+    order = []
+    rates = {"ours": iter([90.0, 100.0, 95.0]), "fa4": iter([80.0, 70.0, 75.0])}
+
+    def measure(name):
+        order.append(name)
+        return next(rates[name])
+
+    best, spread = peers_table.interleaved_best(["ours", "fa4"], 3, measure)
+    assert order == ["ours", "fa4"] * 3
+    assert best == {"ours": 100.0, "fa4": 80.0}
+    assert spread["ours"] == pytest.approx(0.10) and spread["fa4"] == pytest.approx(0.125)
+
+
+def test_rounds_must_be_positive():
+    with pytest.raises(SystemExit):
+        peers_table.main(["--rounds", "0"])
