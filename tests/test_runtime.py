@@ -1,4 +1,4 @@
-"""The runtime on CPU: lookup order (storage → shipped → nearest → heuristic) on a fixture database, the
+"""The runtime on CPU: lookup order (storage → shipped → nearest → another GPU of the arch → heuristic) on a fixture database, the
 nearest-neighbour metric and its tie-breaks, invalid rows skipped, the memo (no DB work when warm), input errors
 naming the argument, the custom op's fake implementation and a fullgraph torch.compile trace."""
 from __future__ import annotations
@@ -118,10 +118,30 @@ def test_heuristic_when_no_row_matches_gpu_arch_dtype_head_dim_or_causal(tmp_pat
         entry(space.Shape(4, 16, 4096, head_dim=128, causal=True), CFG_A),
     ]
     store_rows(db, *others)
-    tables = shipped_dir(tmp_path, *others)
+    # another GPU's shipped row of the same arch stands in (the next test), so the shipped file holds it on sm_100
+    tables = shipped_dir(tmp_path, entry(s, CFG_A, gpu="NVIDIA A100", arch=space.get_arch("sm_100")), *others[1:])
     sel = select(s, db, tables)
     assert sel.source == "heuristic" and sel.row is None and sel.distance is None
     assert sel.config == space.default_config(s.problem, ARCH)
+
+
+def test_another_gpus_shipped_row_of_the_same_arch_stands_in_before_the_heuristic(tmp_path, db):
+    from autotune.runtime.benchmark_mode import needs_measuring
+
+    sibling = "NVIDIA H200"  # the lookup runs as GPU (FAKE GPU), of the same arch as the H200 rows
+    tables = shipped_dir(tmp_path, entry(shape(), CFG_B, gpu=sibling), entry(shape(n=8192), CFG_C, gpu=sibling),
+                         entry(shape(n=6000), CFG_D, gpu="NVIDIA B200", arch=space.get_arch("sm_100")))
+    exact = select(shape(), db, tables)
+    assert (exact.source, exact.config, exact.distance, exact.row.gpu_name) == ("same_arch", CFG_B, 0.0, sibling)
+    assert "tuned on NVIDIA H200, another GPU of sm_90" in exact.explain() and "exact shape" in exact.explain()
+    near = select(shape(n=6000), db, tables)  # the sm_100 row of that very shape is not a stand-in
+    assert (near.source, near.config, near.row.seqlen) == ("same_arch", CFG_C, 8192)
+    assert near.distance == pytest.approx(abs(runtime.math.log2(6000 / 8192))) and "nearest" in near.explain()
+    assert needs_measuring(exact) and needs_measuring(near)  # a guess: benchmark mode still measures it
+    # a row of this GPU, even a neighbour's, comes first
+    store_rows(db, entry(shape(n=1024), CFG_A))
+    runtime.clear_caches()
+    assert (select(shape(), db, tables).source, select(shape(), db, tables).config) == ("nearest", CFG_A)
 
 
 def test_heuristic_is_the_space_default_for_every_arch_and_problem():
@@ -539,8 +559,10 @@ def test_explain_names_source_provenance_and_distance(db):
     text = autotune.explain(q, k, v, storage=db, gpu_name=GPU, arch="sm_90")
     assert CFG_A.key in text and "nearest" in text and "distance 1.000" in text
     assert "321.5 TFLOPS" in text and "'fixture'" in text and "trial 7" in text
-    text = autotune.explain(q, k, v, causal=True, storage=db, gpu_name=GPU, arch="sm_90")
-    assert "heuristic" in text and space.default_config(space.Problem(128, causal=True), ARCH).key in text
+    # sm_100: no table shipped for that arch, so not even another GPU's row stands in
+    text = autotune.explain(q, k, v, causal=True, storage=db, gpu_name=GPU, arch="sm_100")
+    sm100 = space.get_arch("sm_100")
+    assert "heuristic" in text and space.default_config(space.Problem(128, causal=True), sm100).key in text
     with pytest.raises(ValueError, match="^q: expected a CUDA tensor"):
         autotune.explain(*qkv())
 

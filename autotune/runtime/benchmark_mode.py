@@ -85,8 +85,9 @@ def set_benchmark_mode(enabled: bool = True, *, candidates: int | None = None, b
 
 
 def needs_measuring(selection: lookup.Selection) -> bool:
-    """No exact row (nor bucket or benchmarked row): the lookup guessed from a neighbour or the default."""
-    return selection.source in ("nearest", "heuristic")
+    """No exact row of this GPU (nor bucket or benchmarked row): the lookup guessed from a neighbour, another
+    GPU's row or the default."""
+    return selection.source in ("nearest", "same_arch", "heuristic")
 
 
 def candidate_configs(shape: Shape, selection: lookup.Selection, rows, arch: Arch, limit: int) -> list[Config]:

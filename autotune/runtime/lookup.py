@@ -20,7 +20,11 @@ Lookup order for `select_config(shape, gpu_name, arch)`, first hit wins:
                 |log2(H/Hkv) − log2(H'/Hkv')|, then to the user's storage over shipped tables, then to the
                 smaller key (seqlen, seqlen_k, batch, heads, kv_heads in that order): deterministic.
                 Decode shapes (seqlen_q <= space.DECODE_MAX_QUERIES) take only decode rows, prefill only prefill rows.
-  4. heuristic  `space.default_config_for_shape(shape, arch)`, a pure function (the family's decode default for
+  4. same_arch  a shipped row tuned on another GPU of the same arch (the H200's table on an H100: one die, one
+                SM count, the same shared memory): its exact key, else its nearest row as in 3. Such a row compiles
+                the same kernel and beats the pure default by far on prefill (docs/benchmarks.md); explain() names the
+                GPU it was tuned on, and benchmark mode still measures it, as it does a nearest row.
+  5. heuristic  `space.default_config_for_shape(shape, arch)`, a pure function (the family's decode default for
                 decode shapes: split-KV and packed GQA heads on sm_90, space/wgmma.py decode_default; split-KV
                 elsewhere, space/mma_sync.py decode_default).
 
@@ -57,7 +61,7 @@ from . import row_order
 from ..store import storage_url
 from ..store.nearest import alignment_fits, distance
 
-SOURCES = ("storage", "shipped", "nearest", "heuristic")
+SOURCES = ("storage", "shipped", "nearest", "same_arch", "heuristic")
 # best_table.PASS_FIELDS, named here so that reading a selection costs no sqlalchemy import
 PASS_FIELDS = ("first_pass_tflops", "second_pass_tflops", "runner_up_config_key", "runner_up_first_tflops",
                "runner_up_second_tflops")
@@ -250,9 +254,13 @@ class Selection:
             lines.append(f"  source: heuristic — space.default_config_for_shape({self.shape.key}, {self.arch}): "
                          f"no usable tuned row for {self.gpu_name} {self.arch} {self.shape.problem.key}")
         else:
-            how = "exact shape" if self.source != "nearest" else (
+            exact = self.source != "nearest" and (self.source != "same_arch" or _same_key(self.row, self.shape))
+            how = "exact shape" if exact else (
                 f"nearest tuned shape {self.row.shape.key}, distance {self.distance:.3f} "
                 "(log2 seqlen, log2 batch·heads)")
+            if self.source == "same_arch":
+                how = (f"tuned on {self.row.gpu_name}, another GPU of {self.arch} (none tuned on this one; "
+                       f"`autotune search` here tunes its own), {how}")
             lines.append(f"  source: {self.source} — {how}, from {self.origin}")
             p = self.provenance
             lines.append(f"  row: {p['tflops']:.1f} TFLOPS, study {p['study']!r} trial {p['trial']}, "
@@ -285,8 +293,9 @@ def _gqa_gap(a: Shape, b: Shape) -> float:
     return abs(math.log2(a.heads / a.kv_heads) - math.log2(b.heads / b.kv_heads))
 
 
-def _same_key(c: Candidate, shape: Shape) -> bool:
-    e = c.entry
+def _same_key(c, shape: Shape) -> bool:
+    """Whether the row (a Candidate or its entry) is tuned for exactly this shape."""
+    e = c.entry if isinstance(c, Candidate) else c
     return (e.seqlen, e.seqlen_k, e.batch, e.heads, e.kv_heads, e.causal_align) == (
         shape.seqlen_q, shape.seqlen_k, shape.batch, shape.heads, shape.kv_heads, shape.causal_align)
 
@@ -436,6 +445,18 @@ def _select(shape: Shape, gpu_name: str, arch: Arch, url: str, tables: Path | No
     found = _nearest(same_kind, shape, checker)
     if found:
         return chosen("nearest", found, found[2])
+    siblings = tuple(c for c in all_shipped
+                     if c.entry.gpu_name != gpu_name and c.entry.arch == arch.name and c.entry.dtype == problem.dtype
+                     and c.entry.head_dim == problem.head_dim and c.entry.causal == problem.causal)
+    if siblings:
+        searched += (f"shipped tables {tables} ({len(siblings)} rows for other GPUs of {arch.name} and this problem)",)
+    found = _exact(siblings, shape, checker)
+    if found:
+        return chosen("same_arch", found, 0.0)
+    found = _nearest(tuple(c for c in siblings if (c.entry.seqlen <= space.DECODE_MAX_QUERIES) == shape.is_decode
+                           and _alignment_fits(c, shape)), shape, checker)
+    if found:
+        return chosen("same_arch", found, found[2])
     return heuristic(shape, gpu_name, arch, tuple(checker.notes), searched)
 
 
