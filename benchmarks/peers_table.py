@@ -121,6 +121,26 @@ def measure_shape(shape: Shape, warmup_ms: float, rep_ms: float, rounds: int = 1
     return row
 
 
+def prebuild(shapes: list[Shape]) -> None:
+    """The kernels `autotune.attention` will pick for the rows on this GPU, built in parallel into the cache it
+    reads (on first use it builds them one at a time, minutes on a fresh host)."""
+    import os
+
+    import torch
+
+    from autotune.build.builder import Builder
+    from autotune.runtime import lookup
+
+    gpu_name, arch = lookup.device_info(torch.cuda.current_device())
+    items = list(dict.fromkeys((lookup.select_config(s, gpu_name, arch).config, s.problem) for s in shapes))
+    t0 = time.monotonic()
+    results = Builder(arch, jobs=os.cpu_count() or 1).build(items)
+    failed = [r for r in results if not r.ok]
+    print(f"prebuilt {len(results)} kernels for {gpu_name} in {time.monotonic() - t0:.0f} s"
+          + (f" ({len(failed)} failed: the rows fall back as autotune.attention does)" if failed else ""),
+          file=sys.stderr, flush=True)
+
+
 def interleaved_best(names: list[str], rounds: int, measure) -> tuple[dict[str, float], dict[str, float]]:
     """measure(name) (a rate: higher is better) for every name, round after round in the same order, so that a
     slow stretch of the device lands on every name alike: each name's best round, and its (max - min) / max."""
@@ -184,6 +204,7 @@ def main(argv=None) -> int:
         print("peers_table: needs a CUDA GPU", file=sys.stderr)
         return 2
     shapes = args.shape or [parse_shape(k) for k in SHAPES]
+    prebuild(shapes)
     rows = []
     for shape in shapes:
         t0 = time.monotonic()
