@@ -66,8 +66,9 @@ def rel_error(got, want) -> float:
 
 def measure_shape(shape: Shape, warmup_ms: float, rep_ms: float, rounds: int = 1) -> dict:
     """Every kernel of the row checked against torch SDPA, then timed `rounds` times, interleaved (ours, the SDPA
-    backends, FlashAttention-4, ours, ...), so that a slow stretch of the GPU's clocks lands on every column alike;
-    a column's number is its best round's median, and `spread` its rounds' (max - min) / max."""
+    backends, FlashAttention-4, then the next round from the next kernel on), so that a slow or fast stretch of the
+    GPU's clocks lands on every column alike; a column's number is its best round's median, `spread` its rounds'
+    (max - min) / max, `samples` every round's TFLOPS."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -114,7 +115,7 @@ def measure_shape(shape: Shape, warmup_ms: float, rep_ms: float, rounds: int = 1
         with torch.no_grad(), sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
             return shape.tflops(bench(fn, warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms / 1e3)
 
-    row["tflops"], row["spread"] = interleaved_best(list(calls), rounds, tflops)
+    row["tflops"], row["spread"], row["samples"] = interleaved_best(list(calls), rounds, tflops)
     best = max((row["tflops"][p] for p in PEERS if p in row["tflops"]), default=None)
     row["best_peer"] = best
     row["ours_vs_best"] = row["tflops"]["ours"] / best if best and "ours" in row["tflops"] else None
@@ -141,15 +142,18 @@ def prebuild(shapes: list[Shape]) -> None:
           file=sys.stderr, flush=True)
 
 
-def interleaved_best(names: list[str], rounds: int, measure) -> tuple[dict[str, float], dict[str, float]]:
-    """measure(name) (a rate: higher is better) for every name, round after round in the same order, so that a
-    slow stretch of the device lands on every name alike: each name's best round, and its (max - min) / max."""
+def interleaved_best(names: list[str], rounds: int, measure) -> tuple[dict[str, float], dict[str, float],
+                                                                      dict[str, list[float]]]:
+    """measure(name) (a rate: higher is better) for every name, round after round, each round starting one name
+    further on (so no name is always the first timed after the row's set-up, when the GPU has idled through a
+    JIT compile): each name's best round, its (max - min) / max, and its samples in round order."""
     samples: dict[str, list[float]] = {name: [] for name in names}
-    for _ in range(rounds):
-        for name in names:
+    for r in range(rounds):
+        start = r % len(names) if names else 0
+        for name in names[start:] + names[:start]:
             samples[name].append(measure(name))
     best = {name: max(got) for name, got in samples.items()}
-    return best, {name: (best[name] - min(got)) / best[name] for name, got in samples.items()}
+    return best, {name: (best[name] - min(got)) / best[name] for name, got in samples.items()}, samples
 
 
 def markdown(rows: list[dict]) -> str:
@@ -169,9 +173,10 @@ def markdown(rows: list[dict]) -> str:
     lines.append("")
     for r in rows:
         lines.append(f"- {r['config']}")
-        if r.get("spread"):
-            lines.append(f"  - spread over {r['rounds']} rounds: "
-                         + ", ".join(f"{name} {s * 100:.1f} %" for name, s in r["spread"].items()))
+        if r.get("samples"):
+            lines.append(f"  - {r['rounds']} rounds (TFLOPS each; each round starts one kernel further on): "
+                         + "; ".join(f"{name} {' / '.join(f'{t:.0f}' for t in got)}"
+                                     for name, got in r["samples"].items()))
         for name, note in r["notes"].items():
             lines.append(f"  - {name}: {note}")
     return "\n".join(lines)
@@ -182,8 +187,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", action="append", type=parse_shape, default=None, help="shape key (repeatable)")
     ap.add_argument("--warmup-ms", type=float, default=25)
     ap.add_argument("--rep-ms", type=float, default=200)
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="times each kernel is timed, interleaved with the others; a column is its best round")
+    ap.add_argument("--rounds", type=int, default=4,
+                    help="times each kernel is timed, interleaved with the others, each round starting one kernel "
+                         "further on; a column is its best round (4: each of the four kernels goes first once)")
     ap.add_argument("--out", type=Path, default=Path("peers-out"))
     ap.add_argument("--kv-l2-promotion", choices=("256B", "128B", "none"), default=None,
                     help="A/B: the K/V tensor maps' L2 promotion for every call (default: the product's choice, "

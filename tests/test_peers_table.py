@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import peers_table  # noqa: E402
 
 
-def test_rounds_interleave_and_keep_each_columns_best():
+def test_rounds_interleave_rotate_and_keep_each_columns_best():
     order = []
     rates = {"ours": iter([90.0, 100.0, 95.0]), "fa4": iter([80.0, 70.0, 75.0])}
 
@@ -17,10 +17,11 @@ def test_rounds_interleave_and_keep_each_columns_best():
         order.append(name)
         return next(rates[name])
 
-    best, spread = peers_table.interleaved_best(["ours", "fa4"], 3, measure)
-    assert order == ["ours", "fa4"] * 3
+    best, spread, samples = peers_table.interleaved_best(["ours", "fa4"], 3, measure)
+    assert order == ["ours", "fa4", "fa4", "ours", "ours", "fa4"]  # each round starts one kernel further on
     assert best == {"ours": 100.0, "fa4": 80.0}
     assert spread["ours"] == pytest.approx(0.10) and spread["fa4"] == pytest.approx(0.125)
+    assert samples == {"ours": [90.0, 100.0, 95.0], "fa4": [80.0, 70.0, 75.0]}
 
 
 def test_rounds_must_be_positive():
