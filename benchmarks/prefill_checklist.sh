@@ -13,6 +13,9 @@
 #                                                   shipped table, $OUT/h200.json (and /tmp/h200-merged.json, which
 #                                                   `peers` on the same host then runs with), with its finalists merged
 #                                                   into $OUT/finalists-h200.json and its storage, $OUT/tables.db
+#   bash benchmarks/prefill_checklist.sh stage      carry .fa4a: stage it in /tmp/fa4 and build the kernels the peers
+#                                                   table's rows will run on this GPU (the short first run of the
+#                                                   FlashAttention-4 pair; `peers` follows on the same host)
 #   bash benchmarks/prefill_checklist.sh peers      carry .fa4b: install FlashAttention-4, then the peers table
 #                                                   (benchmarks/peers_table.py, every row of the issue), then ours
 #                                                   against FlashAttention-4 and cuDNN under ncu on the d128 row and
@@ -112,6 +115,12 @@ case "${1:-}" in
       --finalists "$OUT/finalists-h200.json"
     rm -f "$OUT"/.autotune-*.lock  # the storage's lock files (a run brings back only a few files)
     cp /tmp/h200-merged.json "$OUT/h200.json" ;;
+  stage)
+    [ -d .fa4a ] || echo "== stage: .fa4a not carried (FlashAttention-4 will not install in \`peers\`)"
+    TAIL=3 step prebuild_peers 240 python3 -c "
+import sys; sys.path.insert(0, 'benchmarks')
+import peers_table
+peers_table.prebuild([peers_table.parse_shape(k) for k in peers_table.SHAPES])" ;;
   peers)
     if [ -f /tmp/h200-merged.json ]; then  # `tables` ran on this host: its table is what a user would be shipped
       cp /tmp/h200-merged.json studies/tuned/h200.json && echo "== peers on the table of \`tables\` (this host)"
@@ -209,5 +218,5 @@ case "${1:-}" in
       PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
-  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|peers|ncu|levers|stalls|exp2|sm80-regs [BUDGET_S]|turns|verify|ab [ROUNDS]|mma-sync [BUDGET_S]" >&2; exit 2 ;;
+  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|stage|peers|ncu|levers|stalls|exp2|sm80-regs [BUDGET_S]|turns|verify|ab [ROUNDS]|mma-sync [BUDGET_S]|fused|fused-matrix" >&2; exit 2 ;;
 esac
