@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -83,7 +84,7 @@ def measure_shape(shape: Shape, warmup_ms: float, rep_ms: float, rounds: int = 1
                          "aligned top-left, FlashAttention's bottom-right: not one function to compare)")
     q, k, v = make_inputs(shape, "bhnd", seed=1)
     gqa = {"enable_gqa": True} if shape.kv_heads != shape.heads else {}  # K/V heads go in grouped, as they are
-    row: dict = {"shape": shape.key, "tflops": {}, "notes": {}, "spread": {}, "rounds": rounds}
+    row: dict = {"shape": shape.key, "notes": {}, "rounds": rounds}
     calls = {}  # name -> (call, the SDPA backend it runs under or None)
     with torch.no_grad():
         want = F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal, **gqa)
@@ -125,8 +126,6 @@ def measure_shape(shape: Shape, warmup_ms: float, rep_ms: float, rounds: int = 1
 def prebuild(shapes: list[Shape]) -> None:
     """The kernels `autotune.attention` will pick for the rows on this GPU, built in parallel into the cache it
     reads (on first use it builds them one at a time, minutes on a fresh host)."""
-    import os
-
     import torch
 
     from autotune.build.builder import Builder

@@ -170,9 +170,8 @@ def _rows(shape: Shape, gpu_name: str, arch: Arch, url: str) -> tuple:
     the shape's (store.nearest.alignment_fits: a row timed with the other mask says nothing of this one)."""
     problem = shape.problem
     stored = lookup.storage_candidates(url, gpu_name, arch, problem)
-    shipped = tuple(c for c in lookup.shipped_candidates(lookup.shipped_tables_dir())
-                    if c.entry.gpu_name == gpu_name and c.entry.arch == arch.name and c.entry.dtype == problem.dtype
-                    and c.entry.head_dim == problem.head_dim and c.entry.causal == problem.causal)
+    shipped = tuple(c for c in lookup.shipped_for_problem(lookup.shipped_candidates(lookup.shipped_tables_dir()),
+                                                          arch, problem) if c.entry.gpu_name == gpu_name)
     fits = []
     for c in stored + shipped:
         try:

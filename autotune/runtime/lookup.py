@@ -300,6 +300,21 @@ def _same_key(c, shape: Shape) -> bool:
         shape.seqlen_q, shape.seqlen_k, shape.batch, shape.heads, shape.kv_heads, shape.causal_align)
 
 
+def shipped_for_problem(candidates, arch: Arch, problem: Problem) -> tuple[Candidate, ...]:
+    """The rows of `arch` and of `problem`'s dtype, head_dim and causal flag (what decides the compiled kernel),
+    of any GPU: callers pick this GPU's rows, or another GPU's."""
+    return tuple(c for c in candidates if c.entry.arch == arch.name and c.entry.dtype == problem.dtype
+                 and c.entry.head_dim == problem.head_dim and c.entry.causal == problem.causal)
+
+
+def _stands_in_for(c: Candidate, shape: Shape) -> bool:
+    """Whether a row of another shape may stand in for `shape`. Decode rows stand in only for decode shapes and
+    prefill rows only for prefill: their best configs differ in kind (split-KV, packed heads), not in degree, so a
+    nearer row of the other kind is worse than the default. Nor does a row of the other causal alignment
+    (store.nearest.alignment_fits)."""
+    return (c.entry.seqlen <= space.DECODE_MAX_QUERIES) == shape.is_decode and _alignment_fits(c, shape)
+
+
 def _alignment_fits(c: Candidate, shape: Shape) -> bool:
     try:
         return alignment_fits(c.shape, shape)
@@ -419,9 +434,8 @@ def _select(shape: Shape, gpu_name: str, arch: Arch, url: str, tables: Path | No
     # Rows left out when read (best_table.row_problem) are said in explain() like rows rejected here.
     checker.notes += _skipped_rows.get((url, gpu_name, arch.name, problem), ())
     checker.notes += _skipped_rows.get(tables, ()) if tables is not None else ()
-    shipped = tuple(c for c in all_shipped
-                    if c.entry.gpu_name == gpu_name and c.entry.arch == arch.name and c.entry.dtype == problem.dtype
-                    and c.entry.head_dim == problem.head_dim and c.entry.causal == problem.causal)
+    for_problem = shipped_for_problem(all_shipped, arch, problem)
+    shipped = tuple(c for c in for_problem if c.entry.gpu_name == gpu_name)
 
     searched = (f"storage {storage_url.describe(url)} ({len(stored)} rows for this GPU and problem)",
                 f"shipped tables {tables if tables else '(none)'} ({len(shipped)} rows for this GPU and problem)")
@@ -437,24 +451,16 @@ def _select(shape: Shape, gpu_name: str, arch: Arch, url: str, tables: Path | No
         if found:
             checker.notes += [note] if note else []
             return chosen(source, found, 0.0)
-    # Decode rows stand in only for decode shapes and prefill rows only for prefill: their best configs differ in
-    # kind (split-KV, packed heads), not in degree, so a nearer row of the other kind is worse than the default.
-    # Nor does a row of the other causal alignment (store.nearest.alignment_fits).
-    same_kind = tuple(c for c in stored + shipped if (c.entry.seqlen <= space.DECODE_MAX_QUERIES) == shape.is_decode
-                      and _alignment_fits(c, shape))
-    found = _nearest(same_kind, shape, checker)
+    found = _nearest(tuple(c for c in stored + shipped if _stands_in_for(c, shape)), shape, checker)
     if found:
         return chosen("nearest", found, found[2])
-    siblings = tuple(c for c in all_shipped
-                     if c.entry.gpu_name != gpu_name and c.entry.arch == arch.name and c.entry.dtype == problem.dtype
-                     and c.entry.head_dim == problem.head_dim and c.entry.causal == problem.causal)
+    siblings = tuple(c for c in for_problem if c.entry.gpu_name != gpu_name)
     if siblings:
         searched += (f"shipped tables {tables} ({len(siblings)} rows for other GPUs of {arch.name} and this problem)",)
     found = _exact(siblings, shape, checker)
     if found:
         return chosen("same_arch", found, 0.0)
-    found = _nearest(tuple(c for c in siblings if (c.entry.seqlen <= space.DECODE_MAX_QUERIES) == shape.is_decode
-                           and _alignment_fits(c, shape)), shape, checker)
+    found = _nearest(tuple(c for c in siblings if _stands_in_for(c, shape)), shape, checker)
     if found:
         return chosen("same_arch", found, found[2])
     return heuristic(shape, gpu_name, arch, tuple(checker.notes), searched)
@@ -537,5 +543,5 @@ def resolve(device: int, shape: Shape, storage: str | None = None, seqused_k: bo
 
 
 __all__ = ["Candidate", "InvalidRowWarning", "Plan", "SOURCES", "Selection", "StorageWarning", "build", "builder",
-           "clear_caches", "device_info", "distance", "heuristic", "resolve", "select_config",
+           "clear_caches", "device_info", "distance", "heuristic", "resolve", "select_config", "shipped_for_problem",
            "shipped_candidates", "shipped_tables_dir", "storage_candidates"]
