@@ -68,13 +68,6 @@
 #   bash benchmarks/prefill_checklist.sh fused-matrix   the wgmma GPU matrix's o_rescale=fused rows alone (44
 #                                                   configs; the whole matrix with the A/B would not fit one run's
 #                                                   600 s)
-#   bash benchmarks/prefill_checklist.sh cluster    cluster=2 (each K/V tile loaded half by each CTA of a pair and
-#                                                   multicast to both): the wgmma GPU matrix's cluster=2 rows, then
-#                                                   benchmarks/kernel_ab.py with --before kernels (one tree: a row's
-#                                                   before/after spread is the method's noise) of the d128 ping-pong
-#                                                   and d64 three-warpgroup grid configs with and without the cluster,
-#                                                   the shipped persistent d128 config beside them, on six non-causal
-#                                                   rows of the peers table (docs/benchmarks.md, 2026-12-06 prediction)
 #   bash benchmarks/prefill_checklist.sh ncu        the ncu part alone (FlashAttention-4 installed by `peers` on
 #                                                   this host)
 # Each step has its own time limit so one slow step cannot take the others' share.
@@ -141,23 +134,6 @@ peers_table.prebuild([peers_table.parse_shape(k) for k in peers_table.SHAPES])" 
     bash "$0" ncu ;;
   fused-matrix)
     MATRIX_SELECT=o_rescale=fused gpu_matrix wgmma_fused_tests 300 test_wgmma_gpu ;;
-  cluster)
-    W=wgmma:setmaxnreg=1,o_store=smem,min_blocks=1,softmax_reduce=chain,exp2_fma=none,kv_splits=1,pack_gqa=0
-    P=$W,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=1,o_rescale=before  # five d128 rows' shipped (persistent)
-    T=$W,consumer_wgs=3,bc=128,stages=3,overlap=0,pingpong=0,o_rescale=after   # the d64 rows' shipped (persistent)
-    CLUSTER_AB=(--rounds 2 --shape b4-h16-n4096-d128-fp16-full --shape b1-h24-n4608-d128-bf16-full
-      --shape b1-h64-n1024-d128-fp16-full --shape b1-h32-kv8-n512-k8192-d128-bf16-full
-      --shape b4-h32-n4096-d64-fp16-full --shape b64-h16-n577-d64-bf16-full
-      --config "$P,scheduler=persistent,cluster=1" --config "$P,scheduler=grid,cluster=1"
-      --config "$P,scheduler=grid,cluster=2" --config "$T,scheduler=persistent,cluster=1"
-      --config "$T,scheduler=grid,cluster=1" --config "$T,scheduler=grid,cluster=2")
-    # the A/B's kernels build while the matrix runs
-    ( AUTOTUNE_CACHE_DIR=$AB_CACHE python3 benchmarks/kernel_ab.py --before kernels --build-only --arch sm_90 \
-        --out /tmp/ab-build "${CLUSTER_AB[@]}" > "$OUT/ab_prebuild.log" 2>&1 ) &
-    MATRIX_SELECT=cluster=2 MATRIX_K=none-2-1-0 gpu_matrix wgmma_cluster_tests 200 test_wgmma_gpu
-    wait
-    AUTOTUNE_CACHE_DIR=$AB_CACHE TAIL=90 step cluster_ab 330 python3 -u benchmarks/kernel_ab.py --before kernels \
-      --out "$OUT/ab-cluster" "${CLUSTER_AB[@]}" ;;
   fused)
     W=wgmma:setmaxnreg=1,o_store=smem,min_blocks=1,exp2_fma=none,kv_splits=1,pack_gqa=0
     P=$W,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=1,scheduler=persistent  # five d128 rows' (or=before)
@@ -242,5 +218,5 @@ peers_table.prebuild([peers_table.parse_shape(k) for k in peers_table.SHAPES])" 
       PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
-  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|stage|peers|ncu|levers|stalls|exp2|sm80-regs [BUDGET_S]|turns|verify|ab [ROUNDS]|mma-sync [BUDGET_S]|fused|fused-matrix|cluster" >&2; exit 2 ;;
+  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|stage|peers|ncu|levers|stalls|exp2|sm80-regs [BUDGET_S]|turns|verify|ab [ROUNDS]|mma-sync [BUDGET_S]|fused|fused-matrix" >&2; exit 2 ;;
 esac

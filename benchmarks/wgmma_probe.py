@@ -213,7 +213,7 @@ def prepare(kern, cfg: Config, q, k, v, o, lse):
 
     lay = space.layout(cfg, Problem(q.shape[3], "bf16" if str(q.dtype) == "torch.bfloat16" else "fp16"))
     params = make_params(q, k, v, o, lse, 1.0 / math.sqrt(q.shape[3]))
-    tmaps = tma.flash_tensor_maps(q, k, v, tma.kv_box_rows(cfg))
+    tmaps = tma.flash_tensor_maps(q, k, v, cfg.bc)
     # space.Layout.grid: the one grid formula (a persistent config needs SMs × resident CTAs, which this
     # self-contained loader does not query: it raises for those; autotune.launch.loader's runner launches them).
     grid = lay.grid(q.shape[0], q.shape[1], q.shape[2])

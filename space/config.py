@@ -59,9 +59,6 @@ class Layout:
     # Packed GQA: a tile's rows are (query row, head of the K/V head's group) pairs in tiles of PACK_TILE_ROWS rows,
     # each holding PACK_TILE_ROWS // G query rows of G = heads / kv_heads heads; grid.y runs over K/V heads.
     pack_gqa: bool = False
-    # CTAs per cluster along grid.x (compiled into the kernel with __cluster_dims__): the query blocks are rounded up
-    # to a multiple of it, and the last CTA of a pair past seqlen_q stores nothing (it still loads its half of K/V).
-    cluster: int = 1
 
     @property
     def smem_total(self) -> int:
@@ -85,12 +82,11 @@ class Layout:
     def grid(self, batch: int, heads: int, seqlen_q: int, resident_ctas: int | None = None,
              kv_heads: int | None = None) -> tuple[int, int, int]:
         """The launch grid, the one formula every launch uses (autotune.loader.KernelRunner.grid):
-        grid: (ceil(seqlen_q / rows) rounded up to a multiple of `cluster`, heads, batch × kv_splits), packed GQA: (ceil(seqlen_q / query_rows),
+        grid: (ceil(seqlen_q / rows), heads, batch × kv_splits), packed GQA: (ceil(seqlen_q / query_rows),
         kv_heads, batch × kv_splits); lpt: (tiles, 1, 1); persistent: (min(tiles, resident_ctas), 1, 1) with
         resident_ctas = SMs × CTAs of this kernel resident per SM."""
         if self.scheduler == "grid":
             m_blocks = -(-seqlen_q // self.query_rows(heads, kv_heads))
-            m_blocks = -(-m_blocks // self.cluster) * self.cluster
             return m_blocks, (kv_heads or heads) if self.pack_gqa else heads, batch * self.kv_splits
         m_blocks = -(-seqlen_q // self.rows_per_block)
         tiles = m_blocks * heads * batch

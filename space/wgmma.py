@@ -71,10 +71,6 @@ AXES = (
          "unmasked tiles: every fourth exponential of P computed on the FMA pipe (a degree-3 polynomial, 1.2e-4 "
          "relative error) instead of MUFU.EX2, whose 8 cycles per warp instruction bound the softmax",
          lambda v: {"none": 0, "quarter": 4}[v], default="none"),
-    Axis("cluster", (1, 2), "AT_CLUSTER",
-         "CTAs per cluster: 2 pairs consecutive query blocks of one head (grid scheduler, no causal mask), each "
-         "loading half of every K/V tile and multicasting it into both CTAs' rings, so K/V cross L2 once per pair "
-         "(FlashAttention-3's 2-CTA clusters)", default=1),
     Axis("kv_splits", KV_SPLITS, "AT_KV_SPLITS",
          "CTAs one tile's key range is cut into (grid.z = batch × splits); each writes fp32 partials that a small "
          "combine kernel merges by their logsumexp: fills the SMs when batch × heads × query blocks is small "
@@ -123,8 +119,7 @@ def smem_regions(c: Config, p: Problem) -> dict[str, int]:
 
 def layout(c: Config, p: Problem) -> Layout:
     return Layout(threads=threads(c), smem_static=0, smem_dynamic=sum(smem_regions(c, p).values()),
-                  rows_per_block=br(c), scheduler=c.scheduler, kv_splits=c.kv_splits, pack_gqa=c.pack_gqa,
-                  cluster=c.cluster)
+                  rows_per_block=br(c), scheduler=c.scheduler, kv_splits=c.kv_splits, pack_gqa=c.pack_gqa)
 
 
 def tile_order(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, rows: int,
@@ -273,26 +268,6 @@ def accumulators_fit_registers(c, p, a, lay):
         return f"{need} accumulator registers per consumer thread > budget {budget} (certain spill)"
 
 
-@rule("cluster_size", "1 or 2 CTAs per cluster")
-def cluster_size(c, p, a, lay):
-    if c.cluster not in (1, 2):
-        return f"cluster={c.cluster} is not 1 or 2"
-
-
-@rule("cluster_needs_grid_full", "a cluster pairs consecutive query blocks of the grid scheduler, which read the same "
-                                 "key tiles only without causal masking")
-def cluster_needs_grid_full(c, p, a, lay):
-    if c.cluster > 1 and (c.scheduler != "grid" or p.causal):
-        return (f"cluster={c.cluster} needs scheduler=grid and no causal mask, got scheduler={c.scheduler}"
-                f"{', causal' if p.causal else ''}")
-
-
-@rule("cluster_without_split_pack", "a cluster's two CTAs share whole key ranges of one query head")
-def cluster_without_split_pack(c, p, a, lay):
-    if c.cluster > 1 and (c.kv_splits > 1 or c.pack_gqa):
-        return f"cluster={c.cluster} needs kv_splits=1 and pack_gqa=0, got {c.kv_splits} and {int(c.pack_gqa)}"
-
-
 @rule("kv_splits_range", "1 to 32 key splits (the combine kernel gives each split one lane of a warp)")
 def kv_splits_range(c, p, a, lay):
     if not 1 <= c.kv_splits <= 32:
@@ -312,8 +287,8 @@ def kv_splits_store_direct(c, p, a, lay):
 
 
 RULES = (head_dim_chunks, bc_multiple_of_16, pingpong_needs_two_consumers, pingpong_needs_overlap,
-         rescale_before_needs_overlap, fused_overlap_needs_split_release, cluster_size, cluster_needs_grid_full,
-         kv_splits_range, split_pack_need_grid, kv_splits_store_direct, cluster_without_split_pack, setmaxnreg_needs_two_consumers, setmaxnreg_one_block, threads_per_block,
+         rescale_before_needs_overlap, fused_overlap_needs_split_release, kv_splits_range, split_pack_need_grid,
+         kv_splits_store_direct, setmaxnreg_needs_two_consumers, setmaxnreg_one_block, threads_per_block,
          threads_per_sm, static_smem_limit, smem_optin_limit, min_blocks_smem, accumulators_fit_registers)
 
 
@@ -364,7 +339,7 @@ def decode_default(shape: Shape, arch: Arch) -> Config | None:
 # The decode axes come last, and only these rules read them (the layout, and so every resource rule, does not):
 # valid_wgmma_configs checks the other rules once per combination of the other axes, then expands.
 DECODE_AXES = ("kv_splits", "pack_gqa")
-DECODE_RULES = (kv_splits_range, split_pack_need_grid, kv_splits_store_direct, cluster_without_split_pack)
+DECODE_RULES = (kv_splits_range, split_pack_need_grid, kv_splits_store_direct)
 
 
 def valid_wgmma_configs(p: Problem, a: Arch) -> list[Config]:

@@ -29,9 +29,7 @@ def test_brute_force_finds_the_optimum_and_builds_each_config_once(landscape):
 
 
 def test_a_run_stops_once_past_the_budget_and_the_target(landscape):
-    # a seed whose random run gets within 1 % of the optimum before its proposal cap (19 trials; seeds 0 and 2 run
-    # out of proposals first, since the cluster axis shifted the sampler's stream): what is tested is the stop
-    run = compare.simulate(landscape, "random", seed=5, trials=len(landscape.rows), lag=0, stop_fraction=0.99,
+    run = compare.simulate(landscape, "random", seed=0, trials=len(landscape.rows), lag=0, stop_fraction=0.99,
                            min_trials=5)
     assert run.stop_reason == "reached 99% of the optimum"
     assert len(run.values) == max(5, run.trials_to(0.99 * landscape.optimum))  # the first trial both hold

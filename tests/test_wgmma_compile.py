@@ -30,8 +30,7 @@ SCAN_LIMIT = 20000
 # the rules a config can break alone somewhere in SAMPLE_PROBLEMS (test_rules_that_can_fire_are_sampled checks them)
 ALONE_RULES = {"pingpong_needs_two_consumers", "pingpong_needs_overlap", "rescale_before_needs_overlap",
                "setmaxnreg_needs_two_consumers", "setmaxnreg_one_block", "smem_optin_limit",
-               "accumulators_fit_registers", "split_pack_need_grid", "kv_splits_store_direct",
-               "cluster_needs_grid_full", "cluster_without_split_pack"}
+               "accumulators_fit_registers", "split_pack_need_grid", "kv_splits_store_direct"}
 STATIC_ASSERT_RULE = re.compile(r'static assertion failed with "(\w+):')
 KERNELS = Path(__file__).resolve().parent.parent / "kernels"
 
@@ -65,12 +64,6 @@ def sample() -> tuple[dict, list]:
     valid += [(c.replace(exp2_fma="quarter"), p) for c, p in list(valid)
               if space.is_valid(c.replace(exp2_fma="quarter"), p, ARCH)
               and (c == FAMILY.default(p, ARCH) or c.o_rescale == "before" or c.softmax_reduce == "tree")]
-    # cluster=2 (K/V multicast to a pair of CTAs: a remote arrive per release, two cluster barriers): every
-    # non-causal problem's default and o_rescale=before config on the grid, and the shipped d128 ping-pong shape
-    valid += [(c.replace(scheduler="grid", cluster=2), p) for c, p in list(valid)
-              if space.is_valid(c.replace(scheduler="grid", cluster=2), p, ARCH)
-              and (c == FAMILY.default(p, ARCH) or (c.o_rescale == "before" and c.softmax_reduce == "chain"
-                                                    and c.exp2_fma == "none"))]
     # the decode axes: each problem's decode default (split-KV with packed GQA heads) and packed heads with O staged
     # in shared memory
     for p in PROBLEMS:
@@ -122,7 +115,6 @@ def test_sample_has_both_verdicts():
     assert {c.o_rescale for c, _ in valid} == set(space.wgmma.O_RESCALES)
     assert {c.softmax_reduce for c, _ in valid} == {"chain", "tree"}
     assert {c.exp2_fma for c, _ in valid} == {"none", "quarter"}
-    assert {c.cluster for c, _ in valid} == {1, 2}
     assert {c.pack_gqa for c, _ in valid} == {True, False}
     assert {c.kv_splits > 1 for c, _ in valid} == {True, False}
 

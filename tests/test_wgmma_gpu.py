@@ -104,17 +104,6 @@ LADDER = tuple(Config.make("wgmma", **d) for d in (
          min_blocks=1, scheduler="persistent", o_rescale="fused"),
     dict(consumer_wgs=1, bc=128, stages=2, setmaxnreg=False, overlap=True, pingpong=False, o_store="direct", min_blocks=1,
          kv_splits=3, pack_gqa=True, o_rescale="fused"),
-    # cluster=2 (each K/V tile multicast to a pair of CTAs, half loaded by each; non-causal grid only): the shipped
-    # d128 ping-pong shape on the grid, two warpgroups without ping-pong (whose warpgroups past seqlen_q only walk
-    # the ring, arriving on both CTAs' barriers), Bc 176 (88-row halves), d64's three warpgroups without overlap
-    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="smem", min_blocks=1,
-         o_rescale="before", cluster=2),
-    dict(consumer_wgs=2, bc=112, stages=3, setmaxnreg=True, overlap=True, pingpong=False, o_store="direct",
-         min_blocks=1, cluster=2),
-    dict(consumer_wgs=2, bc=176, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="smem", min_blocks=1,
-         cluster=2),
-    dict(consumer_wgs=3, bc=128, stages=3, setmaxnreg=True, overlap=False, pingpong=False, o_store="smem",
-         min_blocks=1, cluster=2),
     # the decode axes on prefill shapes too (every split count is in tests/test_decode_gpu.py): packed GQA heads with
     # splits, splits under ping-pong, packed heads across three warpgroups without overlap
     dict(consumer_wgs=1, bc=128, stages=3, setmaxnreg=False, overlap=True, pingpong=False, o_store="direct", min_blocks=1,

@@ -172,20 +172,20 @@ def kv_l2_promotion(seqlen_q: int) -> str:
     return "none" if seqlen_q <= DECODE_MAX_QUERIES else "256B"
 
 
-def flash_map_encoders(q, k, v, kv_rows: int) -> tuple[TensorMapEncoder, TensorMapEncoder, TensorMapEncoder]:
-    """The encoders of (tm_q, tm_k, tm_v) for the wgmma family with K/V boxes of `kv_rows` rows (kv_box_rows): each
-    takes the data pointer of a tensor of q's, k's, v's geometry respectively."""
+def flash_map_encoders(q, k, v, bc: int) -> tuple[TensorMapEncoder, TensorMapEncoder, TensorMapEncoder]:
+    """The encoders of (tm_q, tm_k, tm_v) for the wgmma family with key tiles of `bc` rows: each takes the data
+    pointer of a tensor of q's, k's, v's geometry respectively."""
     promotion = kv_l2_promotion(q.shape[2])
-    return (map_encoder(q, Q_BOX_ROWS, "q"), map_encoder(k, kv_rows, "k", promotion),
-            map_encoder(v, kv_rows, "v", promotion))
+    return (map_encoder(q, Q_BOX_ROWS, "q"), map_encoder(k, bc, "k", promotion),
+            map_encoder(v, bc, "v", promotion))
 
 
-def flash_tensor_maps(q, k, v, kv_rows: int):
-    """(tm_q, tm_k, tm_v) for one launch of the wgmma family with K/V boxes of `kv_rows` rows (kv_box_rows).
+def flash_tensor_maps(q, k, v, bc: int):
+    """(tm_q, tm_k, tm_v) for one launch of the wgmma family with key tiles of `bc` rows.
 
     The maps hold the tensors' addresses: encode them again for other tensors (encoding is a cheap host call).
     """
-    enc_q, enc_k, enc_v = flash_map_encoders(q, k, v, kv_rows)
+    enc_q, enc_k, enc_v = flash_map_encoders(q, k, v, bc)
     return enc_q(q.data_ptr()), enc_k(k.data_ptr()), enc_v(v.data_ptr())
 
 
@@ -194,19 +194,13 @@ def as_ctypes(tmap) -> ctypes.Array:
     return (ctypes.c_uint8 * TENSOR_MAP_BYTES).from_buffer_copy(ctypes.string_at(int(tmap.getPtr()), TENSOR_MAP_BYTES))
 
 
-def kv_box_rows(config) -> int:
-    """Rows of one K/V TMA box of a wgmma config: its key tile, or with a cluster each CTA's share of it (the CTA
-    multicasts its share to the cluster; kernels/sm90/traits.cuh kKVRowsPerCta)."""
-    return config.bc // config.cluster
-
-
 def launch_map_encoders(config, q, k, v) -> tuple:
     """The encoders of launch_extra_args(config, q, k, v), in the same order, each taking the data pointer of a
     tensor of q's, k's, v's geometry: what a prepared launch re-points its maps with for other tensors. () for
     families without tensor maps."""
     if config.family != "wgmma":
         return ()
-    return flash_map_encoders(q, k, v, kv_box_rows(config))
+    return flash_map_encoders(q, k, v, config.bc)
 
 
 def launch_extra_args(config, q, k, v) -> tuple:
@@ -217,4 +211,4 @@ def launch_extra_args(config, q, k, v) -> tuple:
     """
     if config.family != "wgmma":
         return ()
-    return flash_tensor_maps(q, k, v, kv_box_rows(config))
+    return flash_tensor_maps(q, k, v, config.bc)

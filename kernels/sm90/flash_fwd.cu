@@ -14,10 +14,9 @@
 // Entry (extra by-value arguments after the parameter block, see docs/CONTRACTS.md):
 //   flash_fwd_wgmma(FlashFwdParams p, CUtensorMap tm_q, CUtensorMap tm_k, CUtensorMap tm_v)
 // Tensor maps (autotune/tma.py): rank 4, dims (head_dim, seqlen, heads, batch) with the tensors' real strides,
-// box (64, rows, 1, 1) with rows = 64 for Q and Bc / kCluster for K/V, 128-byte swizzle, zero fill out of bounds.
-// Launch (space.Layout.grid): scheduler grid: (ceil(seqlen_q / kBr) rounded up to a multiple of kCluster, heads,
-// batch); lpt: (tiles, 1, 1); persistent: (min(tiles, SMs × resident CTAs per SM), 1, 1). Block kThreads, dynamic
-// smem kSmemDynamic; clusters of kCluster CTAs along x (compiled in: __cluster_dims__).
+// box (64, rows, 1, 1) with rows = 64 for Q and Bc for K/V, 128-byte swizzle, zero fill out of bounds.
+// Launch (space.Layout.grid): scheduler grid: (ceil(seqlen_q / kBr), heads, batch); lpt: (tiles, 1, 1); persistent:
+// (min(tiles, SMs × resident CTAs per SM), 1, 1). Block kThreads, dynamic smem kSmemDynamic.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -245,25 +244,6 @@ __device__ __forceinline__ void load_q(const Smem& sm, uint32_t slot, const CUte
                         m0 + wg * kRowsPerWG, head, batch, sm.q_full(slot));
 }
 
-// Key tile n of K or V into a ring slot, one TMA box per 64-column chunk. Multicast: this CTA's rows of the tile
-// (its cluster rank's kKVRowsPerCta), written into the same slot of every CTA of the cluster; the slot's full
-// barrier in each of them counts both CTAs' parts.
-__device__ __forceinline__ void load_kv_tile(uint32_t slot, const CUtensorMap* map, int n, int kv_head, int batch,
-                                             uint32_t full_bar) {
-    if constexpr (kMulticast) {
-        const uint32_t rank = cluster_ctarank();
-#pragma unroll
-        for (int c = 0; c < kDChunks; ++c)
-            tma_load_4d_multicast(slot + c * kKVChunkBytes + rank * kKVPartBytes, map, c * kSwizzleCols,
-                                  n * kBc + static_cast<int>(rank) * kKVRowsPerCta, kv_head, batch, full_bar,
-                                  static_cast<uint16_t>((1u << kCluster) - 1));
-    } else {
-#pragma unroll
-        for (int c = 0; c < kDChunks; ++c)
-            tma_load_4d(slot + c * kKVChunkBytes, map, c * kSwizzleCols, n * kBc, kv_head, batch, full_bar);
-    }
-}
-
 // The K/V ring's position (slot and mbarrier parity); persistent CTAs carry it from one tile to the next.
 struct Ring {
     int stage = 0;
@@ -294,11 +274,17 @@ __device__ __forceinline__ void produce(const FlashFwdParams& p, const Smem& sm,
     uint32_t& phase = ring.phase;
     for (int n = n_begin; n < n_end; ++n) {
         mbar_wait(kKVReleaseSplit ? sm.k_empty(stage) : sm.v_empty(stage), phase ^ 1);
-        mbar_arrive_expect_tx(sm.k_full(stage), kKVTileBytes);  // multicast: this CTA's part and its peer's
-        load_kv_tile(sm.k_tile(stage), tm_k, n, kv_head, batch, sm.k_full(stage));
+        mbar_arrive_expect_tx(sm.k_full(stage), kKVTileBytes);
+#pragma unroll
+        for (int c = 0; c < kDChunks; ++c)
+            tma_load_4d(sm.k_tile(stage) + c * kKVChunkBytes, tm_k, c * kSwizzleCols, n * kBc, kv_head, batch,
+                        sm.k_full(stage));
         if constexpr (kKVReleaseSplit) mbar_wait(sm.v_empty(stage), phase ^ 1);
         mbar_arrive_expect_tx(sm.v_full(stage), kKVTileBytes);
-        load_kv_tile(sm.v_tile(stage), tm_v, n, kv_head, batch, sm.v_full(stage));
+#pragma unroll
+        for (int c = 0; c < kDChunks; ++c)
+            tma_load_4d(sm.v_tile(stage) + c * kKVChunkBytes, tm_v, c * kSwizzleCols, n * kBc, kv_head, batch,
+                        sm.v_full(stage));
         if constexpr (kPersistent && kQBuffers == 1) {
             if (n == n_begin) {
                 mbar_wait(sm.q_empty(q_slot), q_parity_of(q_seq) ^ 1);
@@ -654,16 +640,8 @@ __device__ __forceinline__ void clear_unused_v(const FlashFwdParams& p, uint32_t
 // K goes back as soon as S has completed, not with V after P·V: with two stages and the overlapped loop, a shared
 // release would free slot n-1 only after P(n-1)·V(n-1), i.e. just before S(n+1) needs K(n+1) in that very slot,
 // putting the whole TMA latency of K(n+1) on every iteration's critical path.
-// Multicast: the slot is given back to every CTA of the cluster, whose producers write into this CTA's copy too.
 __device__ __forceinline__ void release(uint32_t empty_bar) {
-    if (threadIdx.x % 32 == 0) {
-        if constexpr (kMulticast) {
-#pragma unroll
-            for (uint32_t r = 0; r < kCluster; ++r) mbar_arrive_cluster(map_to_cta(empty_bar, r));
-        } else {
-            mbar_arrive(empty_bar);
-        }
-    }
+    if (threadIdx.x % 32 == 0) mbar_arrive(empty_bar);
 }
 // Joint release (traits: kKVReleaseSplit false): the slot goes back with its V, after P·V; K-empty is unused.
 __device__ __forceinline__ void release_k(const Smem& sm, int stage) {
@@ -946,13 +924,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
 
 using namespace sm90;
 
-#if AT_CLUSTER > 1
-#define AT_CLUSTER_DIMS __cluster_dims__(AT_CLUSTER, 1, 1)
-#else
-#define AT_CLUSTER_DIMS
-#endif
-
-extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks) AT_CLUSTER_DIMS
+extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     flash_fwd_wgmma(const __grid_constant__ FlashFwdParams p, const __grid_constant__ CUtensorMap tm_q,
                     const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
     extern __shared__ uint8_t smem_raw[];
@@ -1012,21 +984,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks) AT_CLUSTER_DI
         for (int s = 0; s < kStages; ++s) {
             mbar_init(sm.k_full(s), 1);
             mbar_init(sm.v_full(s), 1);
-            // lane 0 of every consumer warp (of every CTA of the cluster) releases a slot's K, and its V
-            mbar_init(sm.k_empty(s), 4 * kConsumerWGs * kCluster);
-            mbar_init(sm.v_empty(s), 4 * kConsumerWGs * kCluster);
+            mbar_init(sm.k_empty(s), 4 * kConsumerWGs);  // lane 0 of every consumer warp releases a slot's K
+            mbar_init(sm.v_empty(s), 4 * kConsumerWGs);  // ... and its V
         }
         if constexpr (kPersistent)
             for (uint32_t b = 0; b < kQBuffers; ++b) mbar_init(sm.q_empty(b), 4 * kConsumerWGs);
         fence_barrier_init();
     }
-    // Multicast: neither CTA's producer may write into its peer's ring, nor its consumers arrive on the peer's
-    // barriers, before the peer has initialised them.
-    if constexpr (kMulticast) {
-        cluster_sync();
-    } else {
-        __syncthreads();
-    }
+    __syncthreads();
 
     Ring ring;
     if constexpr (!kPersistent) {
@@ -1041,8 +1006,6 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks) AT_CLUSTER_DI
             consume(p, sm, warpgroup - 1, m0, tile.head, tile.batch, n_begin, n_end, split, ring, 0);
             turns.close();
         }
-        // Multicast: the peer's consumers arrive on this CTA's empty barriers up to their last tile; stay until then.
-        if constexpr (kMulticast) cluster_sync();
     } else {
         // Every role walks the same tile sequence; the mbarrier parities (ring, Q full/empty) carry across tiles.
         if (warpgroup == 0) {

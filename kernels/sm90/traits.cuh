@@ -9,9 +9,8 @@
 #error "wgmma family: build through space.defines(config, problem); a macro is missing"
 #endif
 
-#if !defined(AT_KV_SPLITS) || !defined(AT_PACK_GQA) || !defined(AT_SOFTMAX_TREE) || !defined(AT_EXP2_FMA_EVERY) || \
-    !defined(AT_CLUSTER)
-#error "wgmma family: build through space.defines(config, problem); AT_KV_SPLITS, AT_PACK_GQA, AT_SOFTMAX_TREE, AT_EXP2_FMA_EVERY or AT_CLUSTER is missing"
+#if !defined(AT_KV_SPLITS) || !defined(AT_PACK_GQA) || !defined(AT_SOFTMAX_TREE) || !defined(AT_EXP2_FMA_EVERY)
+#error "wgmma family: build through space.defines(config, problem); AT_KV_SPLITS, AT_PACK_GQA, AT_SOFTMAX_TREE or AT_EXP2_FMA_EVERY is missing"
 #endif
 
 // Optional (absent from every build but space.Problem(seqused_k=True)'s): a per-batch-row used key length read from
@@ -70,13 +69,6 @@ constexpr bool kSplit = kSplits > 1;
 // consumers (a row's heads are not one TMA box dimension), not by TMA.
 constexpr bool kPackGqa = AT_PACK_GQA != 0;
 
-// CTAs per cluster (AT_CLUSTER): 2 pairs consecutive query blocks of one (head, batch), which read the same K/V
-// tiles; each CTA's producer loads half of every K and V tile's rows and multicasts it into both CTAs' rings, so each
-// tile crosses L2 once per pair instead of once per CTA (FlashAttention-3's 2-CTA clusters). A slot is refilled only
-// once the consumers of both CTAs have released it (its empty barriers count both).
-constexpr int kCluster = AT_CLUSTER;
-constexpr bool kMulticast = kCluster > 1;
-
 // ---- derived ----------------------------------------------------------------------------------------------------
 constexpr int kRowsPerWG = 64;                 // the M of wgmma
 constexpr int kBr = kRowsPerWG * kConsumerWGs;
@@ -95,10 +87,6 @@ constexpr int kQWGBytes = kRowsPerWG * kHeadDim * kElemBytes;
 constexpr int kQBytes = kBr * kHeadDim * kElemBytes;  // one Q slot
 constexpr int kKVChunkBytes = kBc * kChunkRowBytes;
 constexpr int kKVTileBytes = kBc * kHeadDim * kElemBytes;
-// Rows of each K/V tile one CTA's producer loads (and multicasts to the cluster): the TMA box of tm_k and tm_v. A
-// multiple of 8 (Bc is of 16), so each CTA's part starts on a 1024-byte swizzle atom.
-constexpr int kKVRowsPerCta = kBc / kCluster;
-constexpr int kKVPartBytes = kKVRowsPerCta * kChunkRowBytes;  // one CTA's part of one 64-column chunk
 // Q slots: persistent CTAs get a second one whenever it fits (the opt-in limit, and MIN_BLOCKS CTAs per SM), so the
 // producer loads the next tile's Q while the current tile runs instead of after its last P·V, when the consumers give
 // the one slot back (that wait sat at every tile's start: short sequences lost ~10 % of their warp samples to it).
@@ -166,12 +154,6 @@ static_assert(!(kSplit || kPackGqa) || kScheduler == 0,
               "split_pack_need_grid: kv_splits > 1 and pack_gqa index tiles by the grid (blockIdx.y, blockIdx.z)");
 static_assert(!kSplit || !kOStoreSmem,
               "kv_splits_store_direct: split partials are fp32, written from the accumulators (o_store=direct)");
-static_assert(kCluster == 1 || kCluster == 2, "cluster_size: 1 or 2 CTAs per cluster");
-static_assert(!kMulticast || (kScheduler == 0 && !kCausal),
-              "cluster_needs_grid_full: a cluster pairs consecutive query blocks of the grid scheduler, which read the "
-              "same key tiles only without causal masking");
-static_assert(!kMulticast || !(kSplit || kPackGqa),
-              "cluster_without_split_pack: a cluster's two CTAs share whole key ranges of one query head");
 static_assert(kThreads <= 1024, "threads_per_block: at most 1024 threads per block");
 static_assert(kThreads * kMinBlocks <= 2048, "threads_per_sm: THREADS × MIN_BLOCKS must fit the SM's thread slots");
 static_assert(kSmemStatic <= 48 * 1024, "static_smem_limit: static shared memory is limited to 48 KB");
