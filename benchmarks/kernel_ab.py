@@ -13,6 +13,9 @@ flash, cuDNN and memory-efficient backends are timed the same way beside them. A
 two runs (the alternation keeps clock drift from favouring either side). The compiler's
 figures (registers, spill bytes) of both builds go in the table too, since a source change often moves them.
 
+`--before-ptxas` / `--after-ptxas` assemble a side with another ptxas (autotune/build/ptxas_swap.py): with
+`--before kernels` and `--after-ptxas`, the A/B of the assembler release alone.
+
 Output: a markdown table per shape (printed, and in OUT/ab.md), everything in OUT/ab.json.
 """
 from __future__ import annotations
@@ -45,6 +48,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--config", action="append", default=[], help="config key (repeatable)")
     ap.add_argument("--family", action="append", default=[], help="family whose default config to time (default "
                     "mma_sync when no --config is given)")
+    for side in ("before", "after"):
+        ap.add_argument(f"--{side}-ptxas", type=Path, help=f"assemble the {side} side with this ptxas (default: "
+                        "$AUTOTUNE_PTXAS if set, else nvcc's own; autotune/build/ptxas_swap.py); with --before "
+                        "kernels, an A/B of the assembler alone")
     ap.add_argument("--rounds", type=int, default=2, help="before/after alternations per config (default 2)")
     ap.add_argument("--warmup-ms", type=float, default=25)
     ap.add_argument("--rep-ms", type=float, default=100)
@@ -75,7 +82,11 @@ def main(argv=None) -> int:
     configs_given = [space.Config.from_key(k) for k in args.config]
     cache = os.environ.get("AUTOTUNE_CACHE_DIR")
     trees = {"before": args.before.resolve(), "after": default_kernels_dir()}
-    builders = {side: Builder(arch, cache_dir=cache, kernels_dir=tree) for side, tree in trees.items()}
+    ptxas = {"before": args.before_ptxas, "after": args.after_ptxas}
+    builders = {side: Builder(arch, cache_dir=cache, kernels_dir=tree, ptxas=ptxas[side])
+                for side, tree in trees.items()}
+    for side, builder in builders.items():
+        log(f"{side}: {trees[side]}, {builder.nvcc_version}")
 
     plan = []  # (shape, config)
     for shape in shapes:

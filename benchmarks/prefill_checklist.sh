@@ -68,6 +68,11 @@
 #   bash benchmarks/prefill_checklist.sh fused-matrix   the wgmma GPU matrix's o_rescale=fused rows alone (44
 #                                                   configs; the whole matrix with the A/B would not fit one run's
 #                                                   600 s)
+#   bash benchmarks/prefill_checklist.sh ptxas [ROUNDS]  the assembler alone: benchmarks/kernel_ab.py with --before
+#                                                   kernels, the after side assembled by ptxas 13.5 (carried xz'd as
+#                                                   .ptxas/ptxas.xz, from NVIDIA's nvidia-cuda-nvcc wheel:
+#                                                   autotune/build/ptxas_swap.py), the shipped configs of the d128,
+#                                                   DiT, Llama causal, N1024, GQA chunk and d64 rows
 #   bash benchmarks/prefill_checklist.sh ncu        the ncu part alone (FlashAttention-4 installed by `peers` on
 #                                                   this host)
 # Each step has its own time limit so one slow step cannot take the others' share.
@@ -134,6 +139,22 @@ peers_table.prebuild([peers_table.parse_shape(k) for k in peers_table.SHAPES])" 
     bash "$0" ncu ;;
   fused-matrix)
     MATRIX_SELECT=o_rescale=fused gpu_matrix wgmma_fused_tests 300 test_wgmma_gpu ;;
+  ptxas)
+    # here: mkdir -p .ptxas && unzip -p nvidia_cuda_nvcc-13.5.37-*.whl nvidia/cu13/bin/ptxas | xz -9 > .ptxas/ptxas.xz
+    [ -f .ptxas/ptxas.xz ] || { echo "== ptxas_ab: .ptxas/ptxas.xz not carried"; exit 1; }
+    mkdir -p /tmp/ptxas-swap && python3 -c "import lzma, shutil, sys
+with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g: shutil.copyfileobj(f, g)" \
+      && chmod +x /tmp/ptxas-swap/ptxas && /tmp/ptxas-swap/ptxas --version | tail -1
+    W=wgmma:setmaxnreg=1,o_store=smem,min_blocks=1,softmax_reduce=chain,exp2_fma=none,kv_splits=1,pack_gqa=0
+    P=$W,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=1,o_rescale=before,scheduler=persistent  # 5 d128 rows'
+    L=$W,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=1,o_rescale=before,scheduler=lpt  # Llama causal's
+    G=$W,consumer_wgs=2,bc=128,stages=3,overlap=1,pingpong=0,o_rescale=before,scheduler=grid  # the GQA chunk's
+    T=$W,consumer_wgs=3,bc=128,stages=3,overlap=0,pingpong=0,o_rescale=after,scheduler=persistent  # d64 rows'
+    TAIL=90 step ptxas_ab 360 python3 -u benchmarks/kernel_ab.py --before kernels --after-ptxas /tmp/ptxas-swap/ptxas \
+      --out "$OUT/ab-ptxas" --rounds "${2:-3}" --shape b4-h16-n4096-d128-fp16-full \
+      --shape b1-h24-n4608-d128-bf16-full --shape b1-h32-kv8-n8192-d128-bf16-causal \
+      --shape b1-h64-n1024-d128-fp16-full --shape b1-h32-kv8-n512-k8192-d128-bf16-full \
+      --shape b4-h32-n4096-d64-fp16-full --config "$P" --config "$L" --config "$G" --config "$T" ;;
   fused)
     W=wgmma:setmaxnreg=1,o_store=smem,min_blocks=1,exp2_fma=none,kv_splits=1,pack_gqa=0
     P=$W,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=1,scheduler=persistent  # five d128 rows' (or=before)

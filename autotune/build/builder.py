@@ -60,6 +60,7 @@ from typing import Callable, Iterable, Sequence
 import space
 from space import Arch, Config, Problem
 
+from . import ptxas_swap
 from .nvcc import find_nvcc, nvcc_version
 from .ptxas import BuildReport, PtxasParseError, parse_report
 
@@ -312,12 +313,14 @@ class Builder:
     arch: a space.Arch or its name; cache_dir: default $AUTOTUNE_CACHE_DIR, else ~/.cache/autotune/kernels;
     jobs: parallel nvcc calls (default: CPU count); nvcc: default find_nvcc(); kernels_dir: default the
     installed kernel sources; timeout_s: per-compile limit; extra_flags: appended to the nvcc flags (and to
-    the cache key); check_rules=False sends configs that space/ rejects to the compiler anyway (for tests).
+    the cache key); check_rules=False sends configs that space/ rejects to the compiler anyway (for tests);
+    ptxas: assemble with this ptxas instead of nvcc's own (default $AUTOTUNE_PTXAS; ptxas_swap.py says how and why).
     """
 
     def __init__(self, arch: Arch | str, cache_dir: str | os.PathLike | None = None, jobs: int | None = None,
                  nvcc: str | os.PathLike | None = None, kernels_dir: str | os.PathLike | None = None,
-                 timeout_s: float = 600, extra_flags: Sequence[str] = (), check_rules: bool = True):
+                 timeout_s: float = 600, extra_flags: Sequence[str] = (), check_rules: bool = True,
+                 ptxas: str | os.PathLike | None = None):
         self.arch = arch if isinstance(arch, Arch) else space.get_arch(arch)
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         if jobs is not None and jobs < 1:
@@ -332,7 +335,10 @@ class Builder:
         self.timeout_s = timeout_s
         self.flags = [*BASE_FLAGS, f"-gencode={self.arch.gencode}", *extra_flags]
         self.check_rules = check_rules
-        self.nvcc_version = nvcc_version(self.nvcc)
+        self.ptxas = ptxas_swap.requested_ptxas(ptxas)  # None: nvcc's own
+        # the compiler's identity in every cache key and provenance: nvcc's version, plus a swapped ptxas's
+        self.nvcc_version = ptxas_swap.toolchain_version(nvcc_version(self.nvcc), self.ptxas)
+        self._ptxas_args: dict[str, list[str]] = {}  # family source -> what nvcc would pass its ptxas (swap only)
         self._compiled: dict[str, str] = {}  # key → the cubin hash this process computed compiling it (trusted)
         self._told_untrusted = False         # the one warning about entries compiled again to check them
 
@@ -524,11 +530,23 @@ class Builder:
         ]
         for t in targets:
             source = self.kernels_dir / space.get_family(t.config.family).source
-            argv = ["/bin/sh", "compile.sh", f"t{t.index}/{LOG}", str(self.timeout_s), str(self.nvcc),
-                    *self.flags, f"-I{self.kernels_dir}", *t.defines, str(source), "-o", f"t{t.index}/{CUBIN}"]
+            wrapper = ["/bin/sh", "compile.sh", f"t{t.index}/{LOG}", str(self.timeout_s)]
+            if self.ptxas is None:
+                argv = [*wrapper, str(self.nvcc), *self.flags, f"-I{self.kernels_dir}", *t.defines, str(source),
+                        "-o", f"t{t.index}/{CUBIN}"]
+            else:
+                argv = [*wrapper, *ptxas_swap.two_step_command(
+                    self.nvcc, ptxas_swap.ptx_flags(self.flags, self.arch.gencode), self.ptxas,
+                    self._swapped_ptxas_args(source), [f"-I{self.kernels_dir}", *t.defines], source,
+                    f"t{t.index}/kernel.ptx", f"t{t.index}/{CUBIN}")]
             command = " ".join(shlex.quote(a) for a in argv).replace("$", "$$")  # $ is ninja's escape
             lines += [f"build t{t.index}/{CUBIN}: nvcc", f"  cmd = {command}", f"  id = t{t.index}", ""]
         return "\n".join(lines)
+
+    def _swapped_ptxas_args(self, source: Path) -> list[str]:
+        if str(source) not in self._ptxas_args:
+            self._ptxas_args[str(source)] = ptxas_swap.ptxas_arguments(self.nvcc, self.flags, source)
+        return self._ptxas_args[str(source)]
 
     def _collect(self, target: _Target) -> BuildResult:
         """Turn a finished target into a cache entry (when cacheable) and its BuildResult."""
@@ -539,6 +557,7 @@ class Builder:
         except (OSError, ValueError):
             rc, seconds = -1, 0.0
         cubin = target.dir / CUBIN
+        (target.dir / "kernel.ptx").unlink(missing_ok=True)  # a swapped-ptxas build's intermediate
         family = space.get_family(target.config.family)
         report, error, cubin_hash = None, None, None
         if rc == 0 and cubin.is_file():
@@ -560,6 +579,7 @@ class Builder:
             "key": target.key, "config_key": target.config.key, "config": target.config.as_dict(),
             "problem": dataclasses.asdict(target.problem), "arch": self.arch.name, "gencode": self.arch.gencode,
             "nvcc": str(self.nvcc), "nvcc_version": self.nvcc_version, "flags": self.flags,
+            "ptxas": str(self.ptxas) if self.ptxas else None,
             "defines": target.defines, "ok": ok, "error": error, "exit_code": rc,
             "report": report.as_dict() if report else None, "compile_seconds": seconds,
             "cubin_hash": cubin_hash, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),

@@ -156,7 +156,12 @@ def _version_of(nvcc: str) -> str:
         out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60, check=True).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise NvccNotFoundError(f"nvcc: could not run `{nvcc} --version`: {e}") from e
-    # Drop the banner and copyright lines; keep the release and build lines that identify the compiler.
-    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    return release_lines(out)
+
+
+def release_lines(version_output: str) -> str:
+    """A CUDA tool's `--version` output without the banner and copyright lines: the release and build lines that
+    identify it, joined by '; ' (nvcc and ptxas print the same layout)."""
+    lines = [ln.strip() for ln in version_output.splitlines() if ln.strip()]
     wanted = [ln for ln in lines if ln.startswith(("Cuda compilation tools", "Build "))]
     return "; ".join(wanted or lines)
