@@ -73,6 +73,12 @@
 #                                                   .ptxas/ptxas.xz, from NVIDIA's nvidia-cuda-nvcc wheel:
 #                                                   autotune/build/ptxas_swap.py), the shipped configs of the d128,
 #                                                   DiT, Llama causal, N1024, GQA chunk and d64 rows
+#   bash benchmarks/prefill_checklist.sh peel [ROUNDS]   the K/V loops peeled at the first masked tile (no per-tile
+#                                                   mask test): benchmarks/kernel_ab.py against main before it (e9750af,
+#                                                   carried as .ab/e9750af) with the shipped configs of the d128, DiT,
+#                                                   Llama causal, N1024, GQA chunk, d64, N512 and ViT rows (every build
+#                                                   checked against the fp32 reference first); then, in a second run,
+#                                                   `verify-peel`: the whole wgmma GPU matrix (every loop changed)
 #   bash benchmarks/prefill_checklist.sh ncu        the ncu part alone (FlashAttention-4 installed by `peers` on
 #                                                   this host)
 # Each step has its own time limit so one slow step cannot take the others' share.
@@ -95,6 +101,13 @@ TP=$TW,stages=2,pingpong=1,o_rescale=before   # five d128 rows' shipped config, 
 TURNS_AB=(--shape b4-h16-n4096-d128-fp16-full --shape b1-h64-n1024-d128-fp16-full --shape b1-h24-n4608-d128-bf16-full
   --shape b1-h32-kv8-n8192-d128-bf16-causal --config "$TP,scheduler=persistent" --config "$TP,scheduler=grid"
   --config "$TW,stages=2,pingpong=0,scheduler=persistent,o_rescale=after")
+# the shipped table's prefill configs (studies/tuned/h200.json): SHIP_P five d128 rows', SHIP_L Llama causal's,
+# SHIP_G the GQA chunk's, SHIP_T the d64 rows'
+SW=wgmma:setmaxnreg=1,o_store=smem,min_blocks=1,softmax_reduce=chain,exp2_fma=none,kv_splits=1,pack_gqa=0
+SHIP_P=$SW,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=1,o_rescale=before,scheduler=persistent
+SHIP_L=$SW,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=1,o_rescale=before,scheduler=lpt
+SHIP_G=$SW,consumer_wgs=2,bc=128,stages=3,overlap=1,pingpong=0,o_rescale=before,scheduler=grid
+SHIP_T=$SW,consumer_wgs=3,bc=128,stages=3,overlap=0,pingpong=0,o_rescale=after,scheduler=persistent
 ab() {  # ab NAME LIMIT_S ROUNDS ARGS...: benchmarks/kernel_ab.py against 208bc9a into $OUT/NAME
   local name=$1 limit=$2 rounds=$3; shift 3
   [ -d .ab/208bc9a/kernels ] || { echo "== $name: .ab/208bc9a/kernels not carried"; return 1; }
@@ -145,16 +158,22 @@ peers_table.prebuild([peers_table.parse_shape(k) for k in peers_table.SHAPES])" 
     mkdir -p /tmp/ptxas-swap && python3 -c "import lzma, shutil, sys
 with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g: shutil.copyfileobj(f, g)" \
       && chmod +x /tmp/ptxas-swap/ptxas && /tmp/ptxas-swap/ptxas --version | tail -1
-    W=wgmma:setmaxnreg=1,o_store=smem,min_blocks=1,softmax_reduce=chain,exp2_fma=none,kv_splits=1,pack_gqa=0
-    P=$W,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=1,o_rescale=before,scheduler=persistent  # 5 d128 rows'
-    L=$W,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=1,o_rescale=before,scheduler=lpt  # Llama causal's
-    G=$W,consumer_wgs=2,bc=128,stages=3,overlap=1,pingpong=0,o_rescale=before,scheduler=grid  # the GQA chunk's
-    T=$W,consumer_wgs=3,bc=128,stages=3,overlap=0,pingpong=0,o_rescale=after,scheduler=persistent  # d64 rows'
     TAIL=90 step ptxas_ab 360 python3 -u benchmarks/kernel_ab.py --before kernels --after-ptxas /tmp/ptxas-swap/ptxas \
       --out "$OUT/ab-ptxas" --rounds "${2:-3}" --shape b4-h16-n4096-d128-fp16-full \
       --shape b1-h24-n4608-d128-bf16-full --shape b1-h32-kv8-n8192-d128-bf16-causal \
       --shape b1-h64-n1024-d128-fp16-full --shape b1-h32-kv8-n512-k8192-d128-bf16-full \
-      --shape b4-h32-n4096-d64-fp16-full --config "$P" --config "$L" --config "$G" --config "$T" ;;
+      --shape b4-h32-n4096-d64-fp16-full --config "$SHIP_P" --config "$SHIP_L" --config "$SHIP_G" --config "$SHIP_T" ;;
+  peel)
+    #   mkdir -p .ab/e9750af && git archive e9750af kernels | tar -x -C .ab/e9750af   # main before the peel
+    [ -d .ab/e9750af/kernels ] || { echo "== peel_ab: .ab/e9750af/kernels not carried"; exit 1; }
+    TAIL=90 step peel_ab 420 python3 -u benchmarks/kernel_ab.py --before .ab/e9750af/kernels --out "$OUT/ab-peel" \
+      --rounds "${2:-3}" --shape b4-h16-n4096-d128-fp16-full --shape b1-h24-n4608-d128-bf16-full \
+      --shape b1-h32-kv8-n8192-d128-bf16-causal --shape b1-h64-n1024-d128-fp16-full \
+      --shape b1-h32-kv8-n512-k8192-d128-bf16-full --shape b4-h32-n4096-d64-fp16-full \
+      --shape b16-h16-n512-d64-fp16-full --shape b64-h16-n577-d64-bf16-full \
+      --config "$SHIP_P" --config "$SHIP_L" --config "$SHIP_G" --config "$SHIP_T" --config "$SHIP_T,stages=4" ;;
+  verify-peel)
+    wgmma_matrix ;;
   fused)
     W=wgmma:setmaxnreg=1,o_store=smem,min_blocks=1,exp2_fma=none,kv_splits=1,pack_gqa=0
     P=$W,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=1,scheduler=persistent  # five d128 rows' (or=before)
@@ -239,5 +258,5 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
       PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
-  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|stage|peers|ncu|levers|stalls|exp2|sm80-regs [BUDGET_S]|turns|verify|ab [ROUNDS]|mma-sync [BUDGET_S]|fused|fused-matrix" >&2; exit 2 ;;
+  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|stage|peers|ncu|levers|stalls|exp2|sm80-regs [BUDGET_S]|turns|verify|ab [ROUNDS]|mma-sync [BUDGET_S]|fused|fused-matrix|peel [ROUNDS]|verify-peel" >&2; exit 2 ;;
 esac

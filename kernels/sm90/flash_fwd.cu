@@ -407,6 +407,18 @@ __device__ __forceinline__ bool tile_needs_mask(int n, int wg_diag, int seqlen_k
     return col_end > seqlen_k || (kCausal && col_end - 1 > wg_diag);
 }
 
+// The first key tile that tile_needs_mask calls masked (every later one is too: both of its tests grow with n).
+__device__ __forceinline__ int first_masked_tile(int wg_diag, int seqlen_k) {
+    const int past_keys = seqlen_k / kBc;  // tiles n < this end at or before seqlen_k
+    if constexpr (kCausal) return min(past_keys, max(wg_diag + 1, 0) / kBc);  // and n < this end at or before the diagonal
+    return past_keys;
+}
+
+template <bool kValue>
+struct MaskTag {
+    static constexpr bool value = kValue;
+};
+
 // softmax_reduce=tree: the same online softmax with the row reductions cut into kReduceParts independent partial
 // maxima and sums per row, both rows side by side. The chain above is one dependent FMNMX per score and one
 // dependent FADD per probability, row after row: ptxas cannot reorder a chain of float adds (and does not reassociate
@@ -708,7 +720,10 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     }
     if constexpr (kPackGqa) load_q_packed(p, q_addr, wg_q0, head, batch, wg);
     if constexpr (!kOverlap) {
-        for (int n = n_begin; n < n_end; ++n) {
+        // One tile; the loop is peeled at the first masked tile as the overlapped one below is (no per-tile mask test
+        // between S's wait and the softmax).
+        auto iterate = [&](const int n, auto masked) {
+            constexpr bool kMaskedTile = decltype(masked)::value;
             mbar_wait(sm.k_full(stage), phase);
             fence_regs(s);
             wgmma_fence();
@@ -718,11 +733,10 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             fence_regs(s);
             release_k(sm, stage);
             if constexpr (kRescaleFused) {
-                softmax_fused<false, true>(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, o, pf,
-                                           scale_log2, diag0, diag1, n * kBc, keys_of(p, batch), 0);
+                softmax_fused<false, true>(kMaskedTile, s, m, l, corr, o, pf, scale_log2, diag0, diag1, n * kBc,
+                                           keys_of(p, batch), 0);
             } else {
-                softmax_any(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
-                            n * kBc, keys_of(p, batch));
+                softmax_any(kMaskedTile, s, m, l, corr, scale_log2, diag0, diag1, n * kBc, keys_of(p, batch));
                 rescale_o(o, corr);
                 convert_p(s, pf);
             }
@@ -737,7 +751,11 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             fence_regs(o);
             release(sm.v_empty(stage));
             ring.advance();
-        }
+        };
+        const int n_mid = min(n_end, first_masked_tile(wg_diag, keys_of(p, batch)));
+        int n = n_begin;
+        for (; n < n_mid; ++n) iterate(n, MaskTag<false>{});
+        for (; n < n_end; ++n) iterate(n, MaskTag<true>{});
     } else {
         // Prologue: S(0) and its softmax; O is still zero, so its correction factor is irrelevant.
         mbar_wait(sm.k_full(stage), phase);
@@ -765,7 +783,12 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         // multiplied by corr(n-1) right after S(n) is issued, under that GEMM, and P(n-1)·V(n-1) accumulates onto it.
         // o_rescale=fused: after's order, every tile, in one stretch with the softmax (softmax_fused_tile).
         // All apply every factor once; with P(0)·V(0) onto the zero O, the first factor never matters.
-        for (int n = n_begin + 1; n < n_end; ++n) {
+        // One iteration, S(n) + P(n-1)·V(n-1); Masked::value says whether tile n may hold a masked score. The loop
+        // is peeled in two at the first such tile (tile_needs_mask is monotone in n), FlashAttention-4's layout: the
+        // unmasked tiles' loop has no per-tile mask test, whose predicate and branch sat between S(n)'s wait and
+        // the softmax, on the warp's critical path.
+        auto iterate = [&](const int n, auto masked) {
+            constexpr bool kMaskedTile = decltype(masked)::value;
             mbar_wait(sm.k_full(stage), phase);
             if constexpr (!kRescaleBefore) {
                 mbar_wait(sm.v_full(prev_stage), prev_phase);
@@ -791,13 +814,11 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             wgmma_wait<1>();  // S(n) is ready; P(n-1)·V(n-1) may still run under the softmax
             fence_regs(s);
             if constexpr (kRescaleFused) {
-                softmax_fused<true, true>(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, o, pf,
-                                          scale_log2, diag0, diag1, n * kBc, keys_of(p, batch),
-                                          sm.v_empty(prev_stage), sm.k_empty(stage));
+                softmax_fused<true, true>(kMaskedTile, s, m, l, corr, o, pf, scale_log2, diag0, diag1, n * kBc,
+                                          keys_of(p, batch), sm.v_empty(prev_stage), sm.k_empty(stage));
             } else {
                 release_k(sm, stage);
-                softmax_any(tile_needs_mask(n, wg_diag, keys_of(p, batch)), s, m, l, corr, scale_log2, diag0, diag1,
-                            n * kBc, keys_of(p, batch));
+                softmax_any(kMaskedTile, s, m, l, corr, scale_log2, diag0, diag1, n * kBc, keys_of(p, batch));
                 wgmma_wait<0>();
                 fence_regs(o);
                 fence_regs(pf);
@@ -808,7 +829,11 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             prev_stage = stage;
             prev_phase = phase;
             ring.advance();
-        }
+        };
+        const int n_mid = min(n_end, first_masked_tile(wg_diag, keys_of(p, batch)));
+        int n = n_begin + 1;
+        for (; n < n_mid; ++n) iterate(n, MaskTag<false>{});
+        for (; n < n_end; ++n) iterate(n, MaskTag<true>{});
         // Epilogue: the last P·V.
         if constexpr (kRescaleBefore) rescale_o(o, corr);
         mbar_wait(sm.v_full(prev_stage), prev_phase);
