@@ -419,6 +419,16 @@ struct MaskTag {
     static constexpr bool value = kValue;
 };
 
+// Key tiles [n_from, n_end) as two loops split at the first masked tile: iterate(n, MaskTag<false>{}) before it,
+// iterate(n, MaskTag<true>{}) from it on, so the unmasked loop has no per-tile mask test (FlashAttention-4's layout).
+template <class Iterate>
+__device__ __forceinline__ void peeled_key_tiles(int n_from, int n_end, int first_masked, Iterate&& iterate) {
+    const int n_mid = min(n_end, first_masked);
+    int n = n_from;
+    for (; n < n_mid; ++n) iterate(n, MaskTag<false>{});
+    for (; n < n_end; ++n) iterate(n, MaskTag<true>{});
+}
+
 // softmax_reduce=tree: the same online softmax with the row reductions cut into kReduceParts independent partial
 // maxima and sums per row, both rows side by side. The chain above is one dependent FMNMX per score and one
 // dependent FADD per probability, row after row: ptxas cannot reorder a chain of float adds (and does not reassociate
@@ -720,8 +730,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     }
     if constexpr (kPackGqa) load_q_packed(p, q_addr, wg_q0, head, batch, wg);
     if constexpr (!kOverlap) {
-        // One tile; the loop is peeled at the first masked tile as the overlapped one below is (no per-tile mask test
-        // between S's wait and the softmax).
+        // One tile (peeled_key_tiles: no per-tile mask test between S's wait and the softmax).
         auto iterate = [&](const int n, auto masked) {
             constexpr bool kMaskedTile = decltype(masked)::value;
             mbar_wait(sm.k_full(stage), phase);
@@ -752,10 +761,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             release(sm.v_empty(stage));
             ring.advance();
         };
-        const int n_mid = min(n_end, first_masked_tile(wg_diag, keys_of(p, batch)));
-        int n = n_begin;
-        for (; n < n_mid; ++n) iterate(n, MaskTag<false>{});
-        for (; n < n_end; ++n) iterate(n, MaskTag<true>{});
+        peeled_key_tiles(n_begin, n_end, first_masked_tile(wg_diag, keys_of(p, batch)), iterate);
     } else {
         // Prologue: S(0) and its softmax; O is still zero, so its correction factor is irrelevant.
         mbar_wait(sm.k_full(stage), phase);
@@ -783,10 +789,9 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
         // multiplied by corr(n-1) right after S(n) is issued, under that GEMM, and P(n-1)·V(n-1) accumulates onto it.
         // o_rescale=fused: after's order, every tile, in one stretch with the softmax (softmax_fused_tile).
         // All apply every factor once; with P(0)·V(0) onto the zero O, the first factor never matters.
-        // One iteration, S(n) + P(n-1)·V(n-1); Masked::value says whether tile n may hold a masked score. The loop
-        // is peeled in two at the first such tile (tile_needs_mask is monotone in n), FlashAttention-4's layout: the
-        // unmasked tiles' loop has no per-tile mask test, whose predicate and branch sat between S(n)'s wait and
-        // the softmax, on the warp's critical path.
+        // One iteration, S(n) + P(n-1)·V(n-1); `masked` (a MaskTag) says whether tile n may hold a masked score.
+        // peeled_key_tiles runs the unmasked tiles without the per-tile mask test, whose predicate and branch sat
+        // between S(n)'s wait and the softmax, on the warp's critical path.
         auto iterate = [&](const int n, auto masked) {
             constexpr bool kMaskedTile = decltype(masked)::value;
             mbar_wait(sm.k_full(stage), phase);
@@ -830,10 +835,7 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
             prev_phase = phase;
             ring.advance();
         };
-        const int n_mid = min(n_end, first_masked_tile(wg_diag, keys_of(p, batch)));
-        int n = n_begin + 1;
-        for (; n < n_mid; ++n) iterate(n, MaskTag<false>{});
-        for (; n < n_end; ++n) iterate(n, MaskTag<true>{});
+        peeled_key_tiles(n_begin + 1, n_end, first_masked_tile(wg_diag, keys_of(p, batch)), iterate);
         // Epilogue: the last P·V.
         if constexpr (kRescaleBefore) rescale_o(o, corr);
         mbar_wait(sm.v_full(prev_stage), prev_phase);
