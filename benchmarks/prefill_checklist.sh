@@ -79,6 +79,12 @@
 #                                                   Llama causal, N1024, GQA chunk, d64, N512 and ViT rows (every build
 #                                                   checked against the fp32 reference first); then, in a second run,
 #                                                   `verify-peel`: the whole wgmma GPU matrix (every loop changed)
+#   bash benchmarks/prefill_checklist.sh l2-section  the L2 section of the lpt/persistent tile order (traits.cuh
+#                                                   kL2SectionBytes, 32 MB) at 8 and 16 MB: kernel_ab with --before a
+#                                                   copy of kernels/ with the constant changed (so "before" is the
+#                                                   smaller section, "after" this checkout's 32 MB) on both causal d128
+#                                                   rows and a non-causal control, P persistent and L lpt; then ncu's
+#                                                   DRAM bytes of P on the Llama causal row at 32 and 8 MB
 #   bash benchmarks/prefill_checklist.sh ncu        the ncu part alone (FlashAttention-4 installed by `peers` on
 #                                                   this host)
 # Each step has its own time limit so one slow step cannot take the others' share.
@@ -174,6 +180,22 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
       --config "$SHIP_P" --config "$SHIP_L" --config "$SHIP_G" --config "$SHIP_T" --config "$SHIP_T,stages=4" ;;
   verify-peel)
     wgmma_matrix ;;
+  l2-section)
+    set_section() {  # set_section MB DIR: DIR/kernels/sm90/traits.cuh with kL2SectionBytes = MB << 20
+      sed -i "s/kL2SectionBytes = 32ll << 20;/kL2SectionBytes = ${1}ll << 20;/" "$2/kernels/sm90/traits.cuh"
+      grep -q "kL2SectionBytes = ${1}ll << 20;" "$2/kernels/sm90/traits.cuh" || { echo "== l2-section: $2 not edited"; exit 1; }
+    }
+    for m in 8 16; do
+      rm -rf "/tmp/l2s$m" && mkdir -p "/tmp/l2s$m" && cp -r kernels "/tmp/l2s$m/" && set_section "$m" "/tmp/l2s$m"
+      TAIL=30 step "l2s${m}_ab" 150 python3 -u benchmarks/kernel_ab.py --before "/tmp/l2s$m/kernels" --out "$OUT/ab-l2s$m" \
+        --rounds 3 --shape b4-h16-n4096-d128-fp16-causal --shape b1-h32-kv8-n8192-d128-bf16-causal \
+        --shape b4-h16-n4096-d128-fp16-full --config "$SHIP_P" --config "$SHIP_L"
+    done
+    TAIL=25 step ncu_l2s32 120 benchmarks/ncu_compare.sh b1-h32-kv8-n8192-d128-bf16-causal "$OUT/ncu-l2s32" \
+      --ours-only --config "$SHIP_P"
+    rm -rf /tmp/l2co && cp -r "$PWD" /tmp/l2co && set_section 8 /tmp/l2co
+    PYTHONPATH=/tmp/site:/tmp/l2co TAIL=25 step ncu_l2s8 120 /tmp/l2co/benchmarks/ncu_compare.sh b1-h32-kv8-n8192-d128-bf16-causal "$OUT/ncu-l2s8" \
+      --ours-only --config "$SHIP_P" ;;
   fused)
     W=wgmma:setmaxnreg=1,o_store=smem,min_blocks=1,exp2_fma=none,kv_splits=1,pack_gqa=0
     P=$W,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=1,scheduler=persistent  # five d128 rows' (or=before)
