@@ -97,3 +97,18 @@ def test_a_swapped_ptxas_gets_nvccs_arguments_and_its_failure_is_the_builds(tmp_
     # what nvcc -dryrun says it would pass its own ptxas: the arch, the -Xptxas -v, the input PTX, the output
     assert "-arch=sm_90a" in args and "-v" in args
     assert args[-3].endswith("kernel.ptx") and args[-2:] == ["-o", args[-1]] and args[-1].endswith("kernel.cubin")
+
+
+def test_autotune_build_names_the_swapped_ptxas_and_rejects_a_bad_one(tmp_path, monkeypatch, capsys):
+    from autotune import cli
+
+    ptxas, _ = fake_ptxas(tmp_path, 'exec "$(dirname "$0")/real-ptxas" "$@"')
+    (tmp_path / "bin" / "real-ptxas").symlink_to(nvccs_own_ptxas())
+    monkeypatch.setenv(ptxas_swap.ENV, str(ptxas))
+    args = ["build", "--head-dim", "64", "--arch", "sm_90", "--family", "mma_sync", "--cache-dir", str(tmp_path / "c")]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert f"ptxas      {ptxas.resolve()} (AUTOTUNE_PTXAS; Cuda compilation tools, release 99.9, V99.9.1)" in out
+    monkeypatch.setenv(ptxas_swap.ENV, str(tmp_path / "missing"))
+    assert cli.main(args) == 2
+    assert "$AUTOTUNE_PTXAS: expected an executable ptxas" in capsys.readouterr().err

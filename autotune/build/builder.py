@@ -336,6 +336,7 @@ class Builder:
         self.flags = [*BASE_FLAGS, f"-gencode={self.arch.gencode}", *extra_flags]
         self.check_rules = check_rules
         self.ptxas = ptxas_swap.requested_ptxas(ptxas)  # None: nvcc's own
+        self.ptxas_version = ptxas_swap.ptxas_version(str(self.ptxas)) if self.ptxas else None
         # the compiler's identity in every cache key and provenance: nvcc's version, plus a swapped ptxas's
         self.nvcc_version = ptxas_swap.toolchain_version(nvcc_version(self.nvcc), self.ptxas)
         self._ptxas_args: dict[str, list[str]] = {}  # family source -> what nvcc would pass its ptxas (swap only)

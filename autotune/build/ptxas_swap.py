@@ -21,13 +21,15 @@ import subprocess
 from pathlib import Path
 from typing import Sequence
 
-from .nvcc import release_lines
+from .nvcc import NvccNotFoundError, release_lines
 
 ENV = "AUTOTUNE_PTXAS"
 
 
-class PtxasSwapError(RuntimeError):
-    """The ptxas asked for cannot be used; the message names where it was asked for and what is wrong."""
+class PtxasSwapError(NvccNotFoundError):
+    """The ptxas asked for cannot be used; the message names where it was asked for and what is wrong. A kind of
+    NvccNotFoundError (no usable toolchain), so every command that reports a missing nvcc in one line reports this
+    the same way."""
 
 
 def requested_ptxas(explicit: str | os.PathLike | None = None) -> Path | None:

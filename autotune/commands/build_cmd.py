@@ -45,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
 
     rows = [("config", config.key), ("problem", problem.key), ("arch", f"{arch.name} ({arch.gencode})"),
             ("nvcc", f"{nvcc} (from {found_at}; {builder.nvcc_version.split(';')[0]})"),
+            *([("ptxas", f"{builder.ptxas} (AUTOTUNE_PTXAS; {builder.ptxas_version.split(';')[0]})")]
+              if builder.ptxas else []),
             ("status", result.status + (" (cached)" if result.cached else ""))]
     if result.report:
         r = result.report
