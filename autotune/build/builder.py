@@ -66,6 +66,7 @@ from .ptxas import BuildReport, PtxasParseError, parse_report
 
 BASE_FLAGS = ("-cubin", "-O3", "-std=c++17", "-Xptxas", "-v")
 CUBIN, LOG, META = "kernel.cubin", "ptxas.log", "meta.json"
+PTX = "kernel.ptx"  # a swapped-ptxas build's intermediate (ptxas_swap.py), deleted before the entry is published
 # Exit codes that say nothing about the sources: timeout(1)'s "timed out" (124, 137 after -k) and the shell's
 # "cannot execute" / "not found" (126, 127). Such failures are reported but never cached.
 TIMEOUT_CODES = (124, 137)
@@ -338,8 +339,7 @@ class Builder:
         self.ptxas = ptxas_swap.requested_ptxas(ptxas)  # None: nvcc's own
         self.ptxas_version = ptxas_swap.ptxas_version(str(self.ptxas)) if self.ptxas else None
         # the compiler's identity in every cache key and provenance: nvcc's version, plus a swapped ptxas's
-        self.nvcc_version = ptxas_swap.toolchain_version(nvcc_version(self.nvcc), self.ptxas)
-        self._ptxas_args: dict[str, list[str]] = {}  # family source -> what nvcc would pass its ptxas (swap only)
+        self.nvcc_version = ptxas_swap.toolchain_version(nvcc_version(self.nvcc), self.ptxas_version)
         self._compiled: dict[str, str] = {}  # key → the cubin hash this process computed compiling it (trusted)
         self._told_untrusted = False         # the one warning about entries compiled again to check them
 
@@ -538,16 +538,11 @@ class Builder:
             else:
                 argv = [*wrapper, *ptxas_swap.two_step_command(
                     self.nvcc, ptxas_swap.ptx_flags(self.flags, self.arch.gencode), self.ptxas,
-                    self._swapped_ptxas_args(source), [f"-I{self.kernels_dir}", *t.defines], source,
-                    f"t{t.index}/kernel.ptx", f"t{t.index}/{CUBIN}")]
+                    ptxas_swap.ptxas_arguments(str(self.nvcc), tuple(self.flags), str(source)),
+                    [f"-I{self.kernels_dir}", *t.defines], source, f"t{t.index}/{PTX}", f"t{t.index}/{CUBIN}")]
             command = " ".join(shlex.quote(a) for a in argv).replace("$", "$$")  # $ is ninja's escape
             lines += [f"build t{t.index}/{CUBIN}: nvcc", f"  cmd = {command}", f"  id = t{t.index}", ""]
         return "\n".join(lines)
-
-    def _swapped_ptxas_args(self, source: Path) -> list[str]:
-        if str(source) not in self._ptxas_args:
-            self._ptxas_args[str(source)] = ptxas_swap.ptxas_arguments(self.nvcc, self.flags, source)
-        return self._ptxas_args[str(source)]
 
     def _collect(self, target: _Target) -> BuildResult:
         """Turn a finished target into a cache entry (when cacheable) and its BuildResult."""
@@ -558,7 +553,7 @@ class Builder:
         except (OSError, ValueError):
             rc, seconds = -1, 0.0
         cubin = target.dir / CUBIN
-        (target.dir / "kernel.ptx").unlink(missing_ok=True)  # a swapped-ptxas build's intermediate
+        (target.dir / PTX).unlink(missing_ok=True)
         family = space.get_family(target.config.family)
         report, error, cubin_hash = None, None, None
         if rc == 0 and cubin.is_file():

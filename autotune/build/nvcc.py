@@ -147,15 +147,17 @@ def nvcc_version(nvcc: str | os.PathLike | None = None) -> str:
 
     Part of every build cache key, so it must change whenever the compiler does (the build line does).
     """
-    return _version_of(str(Path(nvcc) if nvcc else find_nvcc()))
+    return tool_release(str(Path(nvcc) if nvcc else find_nvcc()), "nvcc", NvccNotFoundError)
 
 
 @functools.lru_cache(maxsize=None)
-def _version_of(nvcc: str) -> str:
+def tool_release(tool: str, name: str, error: type[Exception]) -> str:
+    """A CUDA tool's release and build lines (release_lines of its `--version`), once per tool and process;
+    raises `error`, its message starting with `name`, when it cannot run."""
     try:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60, check=True).stdout
+        out = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=60, check=True).stdout
     except (OSError, subprocess.SubprocessError) as e:
-        raise NvccNotFoundError(f"nvcc: could not run `{nvcc} --version`: {e}") from e
+        raise error(f"{name}: could not run `{tool} --version`: {e}") from e
     return release_lines(out)
 
 

@@ -21,7 +21,7 @@ import subprocess
 from pathlib import Path
 from typing import Sequence
 
-from .nvcc import NvccNotFoundError, release_lines
+from .nvcc import NvccNotFoundError, tool_release
 
 ENV = "AUTOTUNE_PTXAS"
 
@@ -45,19 +45,14 @@ def requested_ptxas(explicit: str | os.PathLike | None = None) -> Path | None:
     return path.resolve()
 
 
-@functools.lru_cache(maxsize=None)
 def ptxas_version(ptxas: str) -> str:
     """ptxas's release and build lines, e.g. 'Cuda compilation tools, release 13.5, V13.5.37; Build ...'."""
-    try:
-        out = subprocess.run([ptxas, "--version"], capture_output=True, text=True, timeout=60, check=True).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        raise PtxasSwapError(f"ptxas: could not run `{ptxas} --version`: {e}") from e
-    return release_lines(out)
+    return tool_release(ptxas, "ptxas", PtxasSwapError)
 
 
-def toolchain_version(nvcc_version: str, ptxas: Path | None) -> str:
-    """nvcc's version, with the swapped ptxas's appended when there is one (the cache key's compiler identity)."""
-    return nvcc_version if ptxas is None else f"{nvcc_version}; ptxas {ptxas_version(str(ptxas))}"
+def toolchain_version(nvcc_version: str, ptxas_version: str | None) -> str:
+    """nvcc's version, with a swapped ptxas's appended when there is one (the cache key's compiler identity)."""
+    return nvcc_version if ptxas_version is None else f"{nvcc_version}; ptxas {ptxas_version}"
 
 
 def ptx_flags(flags: Sequence[str], gencode: str) -> list[str]:
@@ -84,10 +79,11 @@ def ptx_flags(flags: Sequence[str], gencode: str) -> list[str]:
     return out
 
 
-def ptxas_arguments(nvcc: str | os.PathLike, flags: Sequence[str], source: str | os.PathLike) -> list[str]:
+@functools.lru_cache(maxsize=None)
+def ptxas_arguments(nvcc: str, flags: tuple[str, ...], source: str) -> tuple[str, ...]:
     """The arguments nvcc gives its ptxas for this build, without the input and -o output: from the `#$ ptxas`
-    line of `nvcc -dryrun` (nothing is compiled)."""
-    cmd = [str(nvcc), "-dryrun", *flags, str(source), "-o", "kernel.cubin"]
+    line of `nvcc -dryrun` (nothing is compiled; asked once per nvcc, flags and source in a process)."""
+    cmd = [nvcc, "-dryrun", *flags, source, "-o", "kernel.cubin"]
     try:
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as e:
@@ -103,7 +99,7 @@ def ptxas_arguments(nvcc: str | os.PathLike, flags: Sequence[str], source: str |
                     skip = True
                 elif not word.endswith(".ptx"):
                     args.append(word)
-            return args
+            return tuple(args)
     raise PtxasSwapError(f"`{shlex.join(cmd)}` printed no ptxas step (exit {run.returncode}):\n"
                          f"{(run.stdout + run.stderr)[-2000:]}")
 
