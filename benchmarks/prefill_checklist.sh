@@ -79,12 +79,14 @@
 #                                                   Llama causal, N1024, GQA chunk, d64, N512 and ViT rows (every build
 #                                                   checked against the fp32 reference first); then, in a second run,
 #                                                   `verify-peel`: the whole wgmma GPU matrix (every loop changed)
-#   bash benchmarks/prefill_checklist.sh l2-section  the L2 section of the lpt/persistent tile order (traits.cuh
-#                                                   kL2SectionBytes, 32 MB) at 8 and 16 MB: kernel_ab with --before a
-#                                                   copy of kernels/ with the constant changed (so "before" is the
-#                                                   smaller section, "after" this checkout's 32 MB) on both causal d128
-#                                                   rows and a non-causal control, P persistent and L lpt; then ncu's
-#                                                   DRAM bytes of P on the Llama causal row at 32 and 8 MB
+#   bash benchmarks/prefill_checklist.sh l2-section [MB...]  the L2 section of the lpt/persistent tile order
+#                                                   (traits.cuh kL2SectionBytes, 8 MB) at other sizes (default 32 16):
+#                                                   kernel_ab with --before a copy of kernels/ with the constant changed
+#                                                   ("after" = this checkout) on both causal d128 rows and two
+#                                                   non-causal controls (same order at any size: the noise), P; then
+#                                                   ncu's DRAM bytes of P on the Llama causal row, here and at the
+#                                                   first size
+#   bash benchmarks/prefill_checklist.sh verify-l2  the wgmma GPU matrix, then l2-section 32 with 6 rounds
 #   bash benchmarks/prefill_checklist.sh ncu        the ncu part alone (FlashAttention-4 installed by `peers` on
 #                                                   this host)
 # Each step has its own time limit so one slow step cannot take the others' share.
@@ -181,21 +183,31 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
   verify-peel)
     wgmma_matrix ;;
   l2-section)
+    # sections of other sizes against this checkout's (traits.cuh kL2SectionBytes): "before" = a copy of kernels/
+    # with the constant set to each size named (default 32 16), "after" = this checkout; then ncu's DRAM bytes of P
+    # on the Llama causal row, this checkout's section against the first size named
+    sizes=("${@:2}"); [ ${#sizes[@]} -gt 0 ] || sizes=(32 16)
     set_section() {  # set_section MB DIR: DIR/kernels/sm90/traits.cuh with kL2SectionBytes = MB << 20
-      sed -i "s/kL2SectionBytes = 32ll << 20;/kL2SectionBytes = ${1}ll << 20;/" "$2/kernels/sm90/traits.cuh"
+      sed -i -E "s/kL2SectionBytes = [0-9]+ll << 20;/kL2SectionBytes = ${1}ll << 20;/" "$2/kernels/sm90/traits.cuh"
       grep -q "kL2SectionBytes = ${1}ll << 20;" "$2/kernels/sm90/traits.cuh" || { echo "== l2-section: $2 not edited"; exit 1; }
     }
-    for m in 8 16; do
+    for m in "${sizes[@]}"; do
       rm -rf "/tmp/l2s$m" && mkdir -p "/tmp/l2s$m" && cp -r kernels "/tmp/l2s$m/" && set_section "$m" "/tmp/l2s$m"
-      TAIL=30 step "l2s${m}_ab" 150 python3 -u benchmarks/kernel_ab.py --before "/tmp/l2s$m/kernels" --out "$OUT/ab-l2s$m" \
-        --rounds 3 --shape b4-h16-n4096-d128-fp16-causal --shape b1-h32-kv8-n8192-d128-bf16-causal \
-        --shape b4-h16-n4096-d128-fp16-full --config "$SHIP_P" --config "$SHIP_L"
+      # the non-causal rows are the method's noise: their order does not depend on the section
+      TAIL=30 step "l2s${m}_ab" 200 python3 -u benchmarks/kernel_ab.py --before "/tmp/l2s$m/kernels" --out "$OUT/ab-l2s$m" \
+        --rounds "${L2_ROUNDS:-3}" --shape b4-h16-n4096-d128-fp16-causal --shape b1-h32-kv8-n8192-d128-bf16-causal \
+        --shape b4-h16-n4096-d128-fp16-full --shape b1-h24-n4608-d128-bf16-full --config "$SHIP_P"
     done
-    TAIL=25 step ncu_l2s32 120 benchmarks/ncu_compare.sh b1-h32-kv8-n8192-d128-bf16-causal "$OUT/ncu-l2s32" \
+    TAIL=25 step ncu_l2s_here 120 benchmarks/ncu_compare.sh b1-h32-kv8-n8192-d128-bf16-causal "$OUT/ncu-l2s-here" \
       --ours-only --config "$SHIP_P"
-    rm -rf /tmp/l2co && cp -r "$PWD" /tmp/l2co && set_section 8 /tmp/l2co
-    PYTHONPATH=/tmp/site:/tmp/l2co TAIL=25 step ncu_l2s8 120 /tmp/l2co/benchmarks/ncu_compare.sh b1-h32-kv8-n8192-d128-bf16-causal "$OUT/ncu-l2s8" \
-      --ours-only --config "$SHIP_P" ;;
+    rm -rf /tmp/l2co && cp -r "$PWD" /tmp/l2co && set_section "${sizes[0]}" /tmp/l2co
+    PYTHONPATH=/tmp/site:/tmp/l2co TAIL=25 step "ncu_l2s${sizes[0]}" 120 /tmp/l2co/benchmarks/ncu_compare.sh \
+      b1-h32-kv8-n8192-d128-bf16-causal "$OUT/ncu-l2s${sizes[0]}" --ours-only --config "$SHIP_P" ;;
+  verify-l2)
+    # the 8 MB section (2026-12-06): the whole wgmma GPU matrix (every persistent and lpt causal order moved), then
+    # 6 rounds against the 32 MB it replaced
+    wgmma_matrix
+    L2_ROUNDS=6 bash "$0" l2-section 32 ;;
   fused)
     W=wgmma:setmaxnreg=1,o_store=smem,min_blocks=1,exp2_fma=none,kv_splits=1,pack_gqa=0
     P=$W,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=1,scheduler=persistent  # five d128 rows' (or=before)
@@ -280,5 +292,5 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
       PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
-  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|stage|peers|ncu|levers|stalls|exp2|sm80-regs [BUDGET_S]|turns|verify|ab [ROUNDS]|mma-sync [BUDGET_S]|fused|fused-matrix|ptxas [ROUNDS]|peel [ROUNDS]|verify-peel|l2-section" >&2; exit 2 ;;
+  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|stage|peers|ncu|levers|stalls|exp2|sm80-regs [BUDGET_S]|turns|verify|ab [ROUNDS]|mma-sync [BUDGET_S]|fused|fused-matrix|ptxas [ROUNDS]|peel [ROUNDS]|verify-peel|l2-section [MB...]|verify-l2" >&2; exit 2 ;;
 esac

@@ -33,7 +33,7 @@ O_RESCALES = ("after", "before", "fused")    # AT_O_RESCALE = index (traits.cuh 
 # sm_90's per-block opt-in shared memory and per-SM capacity (traits.cuh's static_asserts use the same figures)
 SMEM_OPTIN_SM90 = 232448
 SMEM_PER_SM_SM90 = 233472
-L2_SECTION_BYTES = 32 << 20  # K/V bytes of one section of heads in the lpt order (traits.cuh: kL2SectionBytes)
+L2_SECTION_BYTES = 8 << 20  # K/V bytes of one section of heads in the lpt order (traits.cuh: kL2SectionBytes)
 KV_SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # traits.cuh: at most 32 (one lane of a combine warp per split)
 
 AXES = (

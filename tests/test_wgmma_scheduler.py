@@ -4,6 +4,7 @@ and that configs, tables and landscapes stored before the axis existed still mea
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -52,14 +53,23 @@ def test_tile_order_is_a_permutation_in_l2_sections(batch, heads, kv_heads, seql
             assert lengths == sorted(lengths, reverse=True)
 
 
+def test_the_l2_section_has_one_size_on_both_sides():
+    # the CPU order mirrors the kernel's only if both use the same section (traits.cuh: kL2SectionBytes = N << 20)
+    traits = (ROOT / "kernels" / "sm90" / "traits.cuh").read_text()
+    mb = re.search(r"constexpr long long kL2SectionBytes = (\d+)ll << 20;", traits)
+    assert mb, "traits.cuh: kL2SectionBytes not found in the form the test reads"
+    assert int(mb.group(1)) << 20 == wg.L2_SECTION_BYTES
+
+
 def test_the_l2_section_follows_kv_bytes():
-    # d128 fp16 N4096: a K/V head is 2 MB, 16 of them in the 32 MB share
+    # d128 fp16 N4096: a K/V head is 2 MB, 4 of them in the 8 MB share
+    assert wg.L2_SECTION_BYTES == 8 << 20
     order = wg.tile_order(2, 32, 32, 4096, 4096, 128, 128, False)
-    assert {h for _, h, b in order[:16 * 32]} == set(range(16)) and {b for *_, b in order[:16 * 32]} == {0}
+    assert {h for _, h, b in order[:4 * 32]} == set(range(4)) and {b for *_, b in order[:4 * 32]} == {0}
     assert order[:3] == [(0, 0, 0), (1, 0, 0), (2, 0, 0)]  # non-causal: the query blocks of one head together
     causal = wg.tile_order(2, 32, 32, 4096, 4096, 128, 128, True)
-    assert {h for _, h, b in causal[:16 * 32]} == set(range(16)) and {b for *_, b in causal[:16 * 32]} == {0}
-    assert causal[:3] == [(31, 0, 0), (31, 1, 0), (31, 2, 0)]  # causal: the heads of a section side by side
+    assert {h for _, h, b in causal[:4 * 32]} == set(range(4)) and {b for *_, b in causal[:4 * 32]} == {0}
+    assert causal[:5] == [(31, 0, 0), (31, 1, 0), (31, 2, 0), (31, 3, 0), (30, 0, 0)]  # causal: the heads of a section side by side
 
 
 @pytest.mark.parametrize("batch,heads,kv_heads,seqlen,head_dim,rows", [

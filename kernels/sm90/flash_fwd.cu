@@ -94,7 +94,7 @@ __device__ __forceinline__ int num_kv_tiles(const FlashFwdParams& p, int m0, int
 // sections). Causal: a section runs query block by query block, all its heads side by side, the last query block
 // (the one with the most key tiles) first. Non-causal: head by head, all query blocks of one head consecutive, as
 // the grid order runs them: the ~132 tiles in flight then share the K/V of ~132 / num_m heads (d128 N4096: 4 heads,
-// 8 MB) instead of one query block of every head of the section (16 heads, 32 MB, each K/V line read by a quarter as
+// 8 MB) instead of one query block of every head of a 32 MB section (16 heads, each K/V line read by a quarter as
 // many CTAs at a time), which cost lpt and persistent 4-10 % against grid. space/wgmma.py: tile_order mirrors this.
 
 struct Tile {

@@ -99,8 +99,10 @@ constexpr int kSmemTwoQ = kSmemAlign + 2 * kQBytes + 2 * kStages * kKVTileBytes 
 constexpr bool kKVReleaseSplit = kOverlap && kStages == 2;
 constexpr int kQBuffers =
     kPersistent && kSmemTwoQ <= 232448 && (kMinBlocks == 1 || kMinBlocks * (kSmemTwoQ + 1024) <= 233472) ? 2 : 1;
-// L2 bytes one section of heads may fill with its K and V (the H200 has 60 MB in two halves; FA3/FA4 budget 32-50 MB).
-constexpr long long kL2SectionBytes = 32ll << 20;
+// L2 bytes one section of heads may fill with its K and V. 8 MB, a sixth of the H100's and H200's 50 MB: with 32 the
+// causal Llama-3-8B prefill (a section = all 8 K/V heads) read 264 MB from DRAM for 32 MB of K/V and Q, at 8 it read
+// 114 (cuDNN: 101), because the section's K/V shares L2 with Q, O and the other half's copies (docs/benchmarks.md).
+constexpr long long kL2SectionBytes = 8ll << 20;
 // Q full per Q slot; K full, V full, K empty, V empty per stage (K and V of a slot are released separately: K once
 // S = Q·Kᵀ has read it); persistent: Q empty per Q slot (the slot, and the O staged in it, is free).
 constexpr int kNumBarriers = kQBuffers + 4 * kStages + (kPersistent ? kQBuffers : 0);
