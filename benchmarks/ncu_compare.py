@@ -33,6 +33,9 @@ METRICS = (
     ("warp cycles per issued instruction", "smsp__average_warp_latency_per_inst_issued.ratio"),
     ("instructions issued (M)", "smsp__inst_executed.sum"),
     ("L2 hit rate, %", "lts__t_sector_hit_rate.pct"),
+    # every request the SMs make of L2 (hit or miss): K/V tiles re-read by each CTA of a head, Q, O
+    ("L2 throughput, % of peak", "lts__throughput.avg.pct_of_peak_sustained_elapsed"),
+    ("L2 bytes (MB)", "lts__t_bytes.sum"),
     ("DRAM throughput, % of peak", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
     ("DRAM bytes read (MB)", "dram__bytes_read.sum"),
     ("DRAM read rate (GB/s)", "dram__bytes_read.sum.per_second"),
@@ -130,8 +133,8 @@ def table(raw_csv: Path) -> str:
         runs = iter(range(1, len(labels) + 1))
         labels = [("ours combine" if "combine" in n else f"ours #{next(runs)}") if lab == "ours" else lab
                   for lab, n in zip(labels, names)]
-    scale = {"gpu__time_duration.sum": 1e-3, "smsp__inst_executed.sum": 1e-6, "dram__bytes_read.sum": 1e-6,
-             "launch__shared_mem_per_block_dynamic": 1 / 1024}
+    scale = {"gpu__time_duration.sum": 1e-3, "smsp__inst_executed.sum": 1e-6, "launch__shared_mem_per_block_dynamic": 1 / 1024}
+    byte_units = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12}  # ncu picks the prefix
     out = ["| metric | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
 
     def add(label, metric):
@@ -141,8 +144,8 @@ def table(raw_csv: Path) -> str:
         factor = scale.get(metric, 1.0)
         if metric == "gpu__time_duration.sum" and unit in ("usecond", "us"):
             factor = 1.0
-        if metric.endswith("bytes_read.sum") and unit.lower().startswith("mbyte"):
-            factor = 1.0
+        if metric.endswith("bytes_read.sum") or metric.endswith("bytes.sum"):  # shown in MB
+            factor = byte_units.get(unit.lower(), 1) / 1e6
         vals = [_number(k[col[metric]]) for k in kernels]
         if metric.endswith(".per_second"):  # ncu picks the prefix (Gbyte/s, Tbyte/s): say which
             label = f"{label.split(' (')[0]} ({unit})"

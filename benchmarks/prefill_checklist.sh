@@ -87,6 +87,8 @@
 #                                                   ncu's DRAM bytes of P on the Llama causal row, here and at the
 #                                                   first size
 #   bash benchmarks/prefill_checklist.sh verify-l2  the wgmma GPU matrix, then l2-section 32 with 6 rounds
+#   bash benchmarks/prefill_checklist.sh configs-ncu  ncu's duration of candidate configs on the GQA chunk and the
+#                                                   Llama causal rows (ours only)
 #   bash benchmarks/prefill_checklist.sh ncu        the ncu part alone (FlashAttention-4 installed by `peers` on
 #                                                   this host)
 # Each step has its own time limit so one slow step cannot take the others' share.
@@ -203,6 +205,18 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
     rm -rf /tmp/l2co && cp -r "$PWD" /tmp/l2co && set_section "${sizes[0]}" /tmp/l2co
     PYTHONPATH=/tmp/site:/tmp/l2co TAIL=25 step "ncu_l2s${sizes[0]}" 120 /tmp/l2co/benchmarks/ncu_compare.sh \
       b1-h32-kv8-n8192-d128-bf16-causal "$OUT/ncu-l2s${sizes[0]}" --ours-only --config "$SHIP_P" ;;
+  configs-ncu)
+    # candidate configs of the two rows still behind FlashAttention-4 after the 8 MB section, by ncu's duration (one
+    # launch each, caches flushed between: steadier than kernel_ab's timing on one H100, +-3 %): the GQA chunk (a
+    # single wave of 128 tiles) and the Llama causal prefill; FlashAttention-4 runs both with packed GQA heads
+    G2=$SW,consumer_wgs=2,stages=2,overlap=1,pingpong=1,o_rescale=before,scheduler=grid
+    TAIL=30 step ncu_chunk_configs 150 benchmarks/ncu_compare.sh b1-h32-kv8-n512-k8192-d128-bf16-full \
+      "$OUT/ncu-chunk-configs" --ours-only --configs-only --config "$SHIP_P" --config "$G2,bc=128" \
+      --config "$G2,bc=128,pack_gqa=1" --config "$SW,consumer_wgs=2,bc=128,stages=3,overlap=1,pingpong=1,o_rescale=before,scheduler=grid" \
+      --config "$G2,bc=176" --config "$G2,bc=192" --config "$SHIP_G"
+    TAIL=30 step ncu_llama_configs 150 benchmarks/ncu_compare.sh b1-h32-kv8-n8192-d128-bf16-causal \
+      "$OUT/ncu-llama-configs" --ours-only --configs-only --config "$SHIP_P" --config "$SHIP_L" \
+      --config "$G2,bc=128" --config "$G2,bc=128,pack_gqa=1" --config "${SHIP_L/bc=128/bc=176}" ;;
   verify-l2)
     # the 8 MB section (2026-12-06): the whole wgmma GPU matrix (every persistent and lpt causal order moved), then
     # 6 rounds against the 32 MB it replaced
@@ -288,9 +302,9 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
       --budget-s "${2:-240}" --storage "sqlite:///$OUT/mma-sync.db" --versus sdpa_flash --markdown "$OUT/mma-sync.md"
     rm -f "$OUT"/.autotune-*.lock ;;
   ncu)
-    for shape in ${NCU_SHAPES:-b4-h16-n4096-d128-fp16-full b1-h32-kv8-n8192-d128-bf16-causal}; do
+    for shape in ${NCU_SHAPES:-b4-h16-n4096-d128-fp16-full b1-h32-kv8-n8192-d128-bf16-causal b1-h32-kv8-n512-k8192-d128-bf16-full}; do
       PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
-  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|stage|peers|ncu|levers|stalls|exp2|sm80-regs [BUDGET_S]|turns|verify|ab [ROUNDS]|mma-sync [BUDGET_S]|fused|fused-matrix|ptxas [ROUNDS]|peel [ROUNDS]|verify-peel|l2-section [MB...]|verify-l2" >&2; exit 2 ;;
+  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|stage|peers|ncu|levers|stalls|exp2|sm80-regs [BUDGET_S]|turns|verify|ab [ROUNDS]|mma-sync [BUDGET_S]|fused|fused-matrix|ptxas [ROUNDS]|peel [ROUNDS]|verify-peel|l2-section [MB...]|verify-l2|configs-ncu" >&2; exit 2 ;;
 esac
