@@ -88,7 +88,11 @@
 #                                                   first size
 #   bash benchmarks/prefill_checklist.sh verify-l2  the wgmma GPU matrix, then l2-section 32 with 6 rounds
 #   bash benchmarks/prefill_checklist.sh configs-ncu  ncu's duration of candidate configs on the GQA chunk and the
-#                                                   Llama causal rows (ours only)
+#                                                   Llama causal rows, and of the grid ping-pong config at Bc 176/192
+#                                                   on two d128 non-causal rows (ours only)
+#   bash benchmarks/prefill_checklist.sh chunk-retune  the GQA chunk row searched, seeded with Bc 192/176 grid and P,
+#                                                   exported over the shipped table into /tmp/h200-merged.json
+#                                                   (what `peers` then runs on this host) and $OUT/h200.json
 #   bash benchmarks/prefill_checklist.sh ncu        the ncu part alone (FlashAttention-4 installed by `peers` on
 #                                                   this host)
 # Each step has its own time limit so one slow step cannot take the others' share.
@@ -217,6 +221,19 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
     TAIL=30 step ncu_llama_configs 150 benchmarks/ncu_compare.sh b1-h32-kv8-n8192-d128-bf16-causal \
       "$OUT/ncu-llama-configs" --ours-only --configs-only --config "$SHIP_P" --config "$SHIP_L" \
       --config "$G2,bc=128" --config "$G2,bc=128,pack_gqa=1" --config "${SHIP_L/bc=128/bc=176}" ;;
+  chunk-retune)
+    # the GQA chunk row searched again, seeded with the grid ping-pong config at Bc 192 and 176 (ncu on the H100,
+    # 2026-12-06: 99.1 and 99.4 us against P's 100.8; Bc above 128 is not valid with P's persistent loop) and P;
+    # exported over this host's copy of the shipped table into /tmp/h200-merged.json, which `peers` then runs
+    G2=$SW,consumer_wgs=2,stages=2,overlap=1,pingpong=1,o_rescale=before,scheduler=grid
+    db=sqlite:///$OUT/chunk.db
+    TAIL=12 step chunk_search 300 python3 -m autotune.cli search --seqlen 512 --seqlen-k 8192 --batch 1 --heads 32 \
+      --kv-heads 8 --head-dim 128 --dtype bf16 --family wgmma --trials 6 --retime 4 --storage "$db" \
+      --enqueue "$G2,bc=192" --enqueue "$G2,bc=176" --enqueue "$SHIP_P"
+    [ -f /tmp/h200-merged.json ] || cp studies/tuned/h200.json /tmp/h200-merged.json
+    TAIL=5 step chunk_export 30 python3 -m autotune.cli export /tmp/h200-merged.json --gpu h200 --storage "$db" --merge
+    rm -f "$OUT"/.autotune-*.lock
+    cp /tmp/h200-merged.json "$OUT/h200.json" ;;
   verify-l2)
     # the 8 MB section (2026-12-06): the whole wgmma GPU matrix (every persistent and lpt causal order moved), then
     # 6 rounds against the 32 MB it replaced
@@ -306,5 +323,5 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
       PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
-  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|stage|peers|ncu|levers|stalls|exp2|sm80-regs [BUDGET_S]|turns|verify|ab [ROUNDS]|mma-sync [BUDGET_S]|fused|fused-matrix|ptxas [ROUNDS]|peel [ROUNDS]|verify-peel|l2-section [MB...]|verify-l2|configs-ncu" >&2; exit 2 ;;
+  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|stage|peers|ncu|levers|stalls|exp2|sm80-regs [BUDGET_S]|turns|verify|ab [ROUNDS]|mma-sync [BUDGET_S]|fused|fused-matrix|ptxas [ROUNDS]|peel [ROUNDS]|verify-peel|l2-section [MB...]|verify-l2|configs-ncu|chunk-retune" >&2; exit 2 ;;
 esac
