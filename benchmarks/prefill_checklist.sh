@@ -220,7 +220,11 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
       --config "$G2,bc=176" --config "$G2,bc=192" --config "$SHIP_G"
     TAIL=30 step ncu_llama_configs 150 benchmarks/ncu_compare.sh b1-h32-kv8-n8192-d128-bf16-causal \
       "$OUT/ncu-llama-configs" --ours-only --configs-only --config "$SHIP_P" --config "$SHIP_L" \
-      --config "$G2,bc=128" --config "$G2,bc=128,pack_gqa=1" --config "${SHIP_L/bc=128/bc=176}" ;;
+      --config "$G2,bc=128" --config "$G2,bc=128,pack_gqa=1" --config "${SHIP_L/bc=128/bc=176}"
+    for shape in b4-h16-n4096-d128-fp16-full b1-h24-n4608-d128-bf16-full; do  # many tiles per CTA: grid at Bc 176/192?
+      TAIL=12 step "ncu_${shape}_configs" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape-configs" --ours-only \
+        --configs-only --config "$SHIP_P" --config "$G2,bc=192" --config "$G2,bc=176"
+    done ;;
   chunk-retune)
     # the GQA chunk row searched again, seeded with the grid ping-pong config at Bc 192 and 176 (ncu on the H100,
     # 2026-12-06: 99.1 and 99.4 us against P's 100.8; Bc above 128 is not valid with P's persistent loop) and P;
