@@ -59,6 +59,9 @@ class Layout:
     # Packed GQA: a tile's rows are (query row, head of the K/V head's group) pairs in tiles of PACK_TILE_ROWS rows,
     # each holding PACK_TILE_ROWS // G query rows of G = heads / kv_heads heads; grid.y runs over K/V heads.
     pack_gqa: bool = False
+    # The kernel takes its tiles from an int32 counter in global memory (params.tile_counter), which must be zero
+    # when it starts: the loader zeroes one before every launch.
+    tile_counter: bool = False
 
     @property
     def smem_total(self) -> int:

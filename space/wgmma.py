@@ -56,7 +56,8 @@ AXES = (
     Axis("scheduler", SCHEDULERS, "AT_SCHEDULER",
          "which tiles a CTA runs: grid (one CTA per (query block, head, batch), causal blocks reversed), lpt (one "
          "CTA per tile, tiles in L2-sized head sections, longest first when causal) or persistent (SMs × resident "
-         "CTAs, each striding through the lpt order; the next tile's loads overlap the current tile's epilogue)",
+         "CTAs, each striding through the lpt order, or when causal taking its next tile from a counter as it frees "
+         "up; the next tile's loads overlap the current tile's epilogue)",
          SCHEDULERS.index, default="grid"),
     Axis("o_rescale", O_RESCALES, "AT_O_RESCALE",
          "when O shrinks by a tile's max correction: after P(n-1)·V(n-1) completes (skipped when no row's max grew), "
@@ -96,9 +97,21 @@ def q_buffers(c: Config, p: Problem) -> int:
     if c.scheduler != "persistent":
         return 1
     q = br(c) * p.head_dim * ELEM_BYTES
-    two = SMEM_ALIGN + 2 * q + 2 * c.stages * c.bc * p.head_dim * ELEM_BYTES + 8 * (2 + 4 * c.stages + 2)
+    two = (SMEM_ALIGN + 2 * q + 2 * c.stages * c.bc * p.head_dim * ELEM_BYTES + 8 * (2 + 4 * c.stages + 2)
+           + 2 * tile_word_bytes(c, p))
     fits = two <= SMEM_OPTIN_SM90 and (c.min_blocks == 1 or c.min_blocks * (two + 1024) <= SMEM_PER_SM_SM90)
     return 2 if fits else 1
+
+
+def tile_counter(c: Config, p: Problem) -> bool:
+    """Whether the CTAs take their tiles from a counter in global memory (traits.cuh kTileCounter): persistent and
+    causal, where tiles differ in length and CTAs that take the next one as they free up finish together."""
+    return c.scheduler == "persistent" and p.causal
+
+
+def tile_word_bytes(c: Config, p: Problem) -> int:
+    """Shared memory per Q slot for the index of the tile it holds (traits.cuh kTileWordBytes)."""
+    return 8 if tile_counter(c, p) else 0
 
 
 def num_barriers(c: Config, p: Problem) -> int:
@@ -114,12 +127,14 @@ def smem_regions(c: Config, p: Problem) -> dict[str, int]:
         "q": q_buffers(c, p) * br(c) * d * ELEM_BYTES,
         "kv": 2 * c.stages * c.bc * d * ELEM_BYTES,
         "barriers": 8 * num_barriers(c, p),
+        "tile_words": q_buffers(c, p) * tile_word_bytes(c, p),
     }
 
 
 def layout(c: Config, p: Problem) -> Layout:
     return Layout(threads=threads(c), smem_static=0, smem_dynamic=sum(smem_regions(c, p).values()),
-                  rows_per_block=br(c), scheduler=c.scheduler, kv_splits=c.kv_splits, pack_gqa=c.pack_gqa)
+                  rows_per_block=br(c), scheduler=c.scheduler, kv_splits=c.kv_splits, pack_gqa=c.pack_gqa,
+                  tile_counter=tile_counter(c, p))
 
 
 def tile_order(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, rows: int,
@@ -166,25 +181,31 @@ def persistent_units(cta: int, ctas: int, units: int) -> list[int]:
 def persistent_tiles(cta: int, ctas: int, batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int,
                      head_dim: int, rows: int, causal: bool) -> list[tuple[int, int, int]]:
     """(query block, head, batch) of the tiles persistent CTA `cta` of `ctas` runs, in order (flash_fwd.cu:
-    num_units/unit_block): the units of persistent_units; a unit is one tile of tile_order, or when causal with
-    more tiles than CTAs the pair of blocks (num_m - 1 - j, j) of one head, longest first, ordered like tile_order
-    with j for the block."""
+    for_each_tile): the tiles of tile_order at the indices persistent_units gives it. Non-causal only: causal CTAs
+    take their tiles from a counter (tile_counter; counter_schedule models who gets which)."""
+    if causal:
+        raise ValueError("causal: persistent causal CTAs take their tiles from a counter, in the order tile_order "
+                         "gives, as they free up (counter_schedule), not from a fixed share")
     order = tile_order(batch, heads, kv_heads, seqlen_q, seqlen_k, head_dim, rows, causal)
-    if not causal or len(order) <= ctas:
-        return [order[u] for u in persistent_units(cta, ctas, len(order))]
-    num_m = -(-seqlen_q // rows)
-    num_j = (num_m + 1) // 2
-    pairs = batch * heads
-    group = _sections(batch, heads, kv_heads, seqlen_k, head_dim)
-    out = []
-    for u in persistent_units(cta, ctas, num_j * pairs):
-        section, r = divmod(u, group * num_j)
-        first = section * group
-        j, k = divmod(r, min(group, pairs - first))
-        b, h = divmod(first + k, heads)
-        out.append((num_m - 1 - j, h, b))
-        if j != num_m - 1 - j:
-            out.append((j, h, b))
+    return [order[u] for u in persistent_units(cta, ctas, len(order))]
+
+
+def counter_schedule(ctas: int, costs: list[float]) -> list[list[int]]:
+    """Which tiles (indices into the order) each of `ctas` persistent CTAs runs when they take them from a counter
+    (flash_fwd.cu: producer_tiles) and tile i costs costs[i]: CTA c starts with tile c, and each further tile goes
+    to the CTA that frees up first (the lowest-numbered on a tie). A model of the kernel's behaviour, for tests and
+    for reasoning about balance: on the GPU the order in which CTAs reach the counter is the hardware's."""
+    import heapq
+
+    out: list[list[int]] = [[] for _ in range(ctas)]
+    free = []
+    for c in range(min(ctas, len(costs))):
+        out[c].append(c)
+        heapq.heappush(free, (costs[c], c))
+    for i in range(ctas, len(costs)):
+        at, c = heapq.heappop(free)
+        out[c].append(i)
+        heapq.heappush(free, (at + costs[i], c))
     return out
 
 

@@ -63,6 +63,16 @@ def ctx_get_current_fn():
     return fn
 
 
+@functools.lru_cache(maxsize=None)
+def memset_d32_async_fn():
+    """CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned int value, size_t count, CUstream): the tile counter's
+    zeroing before each launch of a kernel that takes its tiles from one (space.Layout.tile_counter)."""
+    fn = _lib().cuMemsetD32Async
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
+    return fn
+
+
 class LaunchAttribute(ctypes.Structure):
     """CUlaunchAttribute: the id (a 4-byte enum) padded to 8 bytes, then the 64-byte value union."""
 

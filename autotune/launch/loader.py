@@ -24,7 +24,7 @@ import space
 
 from . import tma
 from .libcuda import (LaunchConfig, ctx_get_current_fn, driver, error_name, launch_kernel_ex_fn, launch_kernel_fn,
-                      programmatic_serialization)
+                      memset_d32_async_fn, programmatic_serialization)
 from .params import FlashFwdParams, InputShape, make_params
 
 MAX_GRID_YZ = 65535
@@ -134,6 +134,13 @@ def _current_context() -> int:
     if code:
         raise CudaError("cuCtxGetCurrent", error_name(code))
     return ctx.value or 0
+
+
+def _zero_counter(address: int, stream: int) -> None:
+    """Zero the int32 tile counter at `address` on `stream`, ahead of the launch that reads it (stream order)."""
+    code = memset_d32_async_fn()(address, 0, 1, stream)
+    if code:
+        raise CudaError("cuMemsetD32Async(tile_counter)", error_name(code))
 
 
 def _programmatic_config(grid, block, smem_dynamic: int) -> LaunchConfig:
@@ -323,8 +330,14 @@ class Launch:
     map_encoders: tuple = ()
     partial_elems: tuple[int, int] | None = None
     device: object = None  # the tensors' torch.device, where a Relaunch allocates partials (None: the kernel's)
+    # space.Layout.tile_counter builds: the int32 the CTAs take their tiles from (params.tile_counter), zeroed on the
+    # launch's stream before every launch (a Relaunch gets a fresh one per call)
+    counter: object = None
 
     def __call__(self, stream=None) -> None:
+        if self.counter is not None:
+            stream = _stream_handle(stream, self.kernel.device)
+            _zero_counter(self.counter.data_ptr(), stream)
         self.kernel.launch(self.params, self.grid, self.block, self.smem_dynamic, stream, self.extra_args)
         if self.combine is not None:
             self.combine(self.params, stream)
@@ -375,8 +388,9 @@ class Relaunch:
         if launch.partial_elems is not None:
             o_elems, lse_elems = launch.partial_elems
             self._workspace_elems, self._lse_offset = o_elems + lse_elems, o_elems * 4
-        self._empty, self._fp32 = torch.empty, torch.float32
+        self._empty, self._fp32, self._int32 = torch.empty, torch.float32, torch.int32
         self._device = launch.device if launch.device is not None else torch.device("cuda", self.kernel.device)
+        self._counter = launch.counter is not None
         self._lock = threading.Lock()
 
     def __call__(self, q: int, k: int, v: int, o: int, lse: int | None = None, seqused_k: int | None = None,
@@ -403,6 +417,10 @@ class Relaunch:
                 p.o_partial = base = workspace.data_ptr()
                 p.lse_partial = base + self._lse_offset
             kernel._make_current()
+            if self._counter:  # a fresh counter per call too, zeroed in stream order before the kernel reads it
+                counter = self._empty(1, dtype=self._int32, device=self._device)
+                p.tile_counter = counter.data_ptr()
+                _zero_counter(p.tile_counter, handle)
             _enqueue(kernel.entry, kernel._handle, self.grid, self.block, self.smem_dynamic, handle, self._pointers)
             if self.combine is not None:
                 combine = self.combine
@@ -491,9 +509,15 @@ class KernelRunner:
         partials = split_partials(self.layout.kv_splits, shape, q.device)
         if partials:
             params.o_partial, params.lse_partial = (t.data_ptr() for t in partials)
+        counter = None
+        if self.layout.tile_counter:
+            import torch
+
+            counter = torch.zeros(1, dtype=torch.int32, device=q.device)
+            params.tile_counter = counter.data_ptr()
         return Launch(kernel, params, grid, (self.layout.threads, 1, 1), self.layout.smem_dynamic,
                       (q, k, v, o, lse, seqused_k, *partials), extra, self.combine(shape, q.device.index),
-                      encoders, tuple(t.numel() for t in partials) if partials else None, q.device)
+                      encoders, tuple(t.numel() for t in partials) if partials else None, q.device, counter)
 
     def run(self, q, k, v, o, lse=None, scale: float | None = None, causal_align: str = "upper_left",
             seqused_k=None) -> None:

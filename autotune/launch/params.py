@@ -45,6 +45,7 @@ class FlashFwdParams(ctypes.Structure):
         ("o_partial", ctypes.c_void_p),
         ("lse_partial", ctypes.c_void_p),
         ("seqused_k", ctypes.c_void_p),
+        ("tile_counter", ctypes.c_void_p),
     ]
 
 

@@ -31,4 +31,8 @@ struct FlashFwdParams {
     // kernel shifts it by seqused_k[b] - seqlen_k). Null, and never read, otherwise. Last, so the offsets above
     // are those of the block without it.
     const int* seqused_k;
+    // Causal builds of the wgmma family's persistent scheduler: int32, zero at launch (the loader zeroes it before
+    // every launch); each CTA past its first tile takes the next one of the order from it (atomicAdd). Null, and
+    // never read, otherwise. After seqused_k, so the offsets above are those of the block without it.
+    int* tile_counter;
 };

@@ -56,6 +56,9 @@ struct Smem {
     __device__ uint32_t k_empty(int s) const { return bars + 8 * (kQBuffers + 2 * kStages + s); }
     __device__ uint32_t v_empty(int s) const { return bars + 8 * (kQBuffers + 3 * kStages + s); }
     __device__ uint32_t q_empty(uint32_t b) const { return bars + 8 * (kQBuffers + 4 * kStages + b); }  // persistent
+    // kTileCounter: the index of the tile whose Q slot b holds (written by the producer before Q's load, read by the
+    // consumers after Q's full barrier), or a value past the last tile when the CTA is done
+    __device__ uint32_t tile_word(uint32_t b) const { return bars + 8 * (kNumBarriers + b); }
     __device__ uint32_t k_tile(int s) const { return k + s * kKVTileBytes; }
     __device__ uint32_t v_tile(int s) const { return v + s * kKVTileBytes; }
 };
@@ -139,24 +142,13 @@ __device__ __forceinline__ Tile tile_at(const FlashFwdParams& p, const TileOrder
     return tile;
 }
 
-// Persistent CTAs walk the work units in rounds of gridDim.x: in round k CTA i takes unit k·gridDim.x + (i + k) mod
+// Persistent CTAs walk the tiles in rounds of gridDim.x: in round k CTA i takes tile k·gridDim.x + (i + k) mod
 // gridDim.x, so every round is one contiguous stretch of the order (the K/V reuse the order was made for) and a CTA's
-// place in the round turns by one each round. A plain stride (unit i + k·gridDim.x) gave CTA i the same query block
+// place in the round turns by one each round. A plain stride (tile i + k·gridDim.x) gave CTA i the same query block
 // of every head whenever gridDim.x is a multiple of num_m (132 SMs, num_m 3, 4, 22, ...): the CTAs holding a short
 // last block (the ViT's N577 with Br 192: 1 row) finished early, ran ahead through the heads and read their K/V a
-// second time from DRAM (ncu: 1.5× the bytes), while the rest did all the long blocks. A unit is one tile, except
-// under causal masking with more tiles than CTAs, where it is the pair of query blocks (num_m - 1 - j, j) of one
-// head: a pair walks about (num_m + 1)·Br/Bc key tiles whatever j, so the units cost alike (the lone middle block
-// when num_m is odd, half a unit, comes last in its section). Sections and heads as in tile_at, j for the block.
-// (With no more tiles than CTAs every CTA gets one tile, and pairing would only serialise two.) space/wgmma.py:
-// persistent_tiles is the twin.
-__device__ __forceinline__ bool pairs_blocks(const TileOrder& o) {
-    return kCausal && o.tiles > static_cast<int>(gridDim.x);
-}
-
-__device__ __forceinline__ int num_units(const FlashFwdParams& p, const TileOrder& o) {
-    return pairs_blocks(o) ? (o.num_m + 1) / 2 * p.batch * p.heads : o.tiles;
-}
+// second time from DRAM (ncu: 1.5× the bytes), while the rest did all the long blocks. space/wgmma.py:
+// persistent_tiles is the twin. Causal builds take their tiles from the counter instead (kTileCounter; below).
 
 // Which Q slot a tile uses and the parity of its Q barriers, from the count of tiles the CTA has done (mod 2 with one
 // slot, mod 4 with two: slots alternate, and each slot's barriers flip every second tile).
@@ -164,77 +156,94 @@ constexpr uint32_t kQSeqMask = kQBuffers == 2 ? 3u : 1u;
 __device__ __forceinline__ uint32_t q_slot_of(uint32_t q_seq) { return kQBuffers == 2 ? (q_seq & 1) : 0u; }
 __device__ __forceinline__ uint32_t q_parity_of(uint32_t q_seq) { return kQBuffers == 2 ? (q_seq >> 1) & 1 : q_seq & 1; }
 
-// A persistent CTA's place in its sequence, in one register: unit << kLow | block of the unit << (kLow - 1) | Q
-// sequence (tiles done mod 2, or mod 4 with two Q slots). The host keeps units + 2 CTAs below 2^30 (autotune.loader:
-// tiles up to 2^29); with two Q slots the unit has one bit less, so for_each_tile traps above 2^29.
+// A persistent CTA's place in its sequence, in one register: tile << kLow | Q sequence (tiles done mod 2, or mod 4
+// with two Q slots). The host keeps tiles + 2 CTAs below 2^30 (autotune.loader: tiles up to 2^29); with two Q slots
+// the tile has one bit less, so for_each_tile traps above 2^29.
 struct Cursor {
-    static constexpr int kLow = kQBuffers == 2 ? 3 : 2;
+    static constexpr int kLow = kQBuffers == 2 ? 2 : 1;
     uint32_t bits;
-    __device__ int unit() const { return static_cast<int>(bits >> kLow); }
-    __device__ int block() const { return static_cast<int>((bits >> (kLow - 1)) & 1); }
+    __device__ int tile() const { return static_cast<int>(bits >> kLow); }
     __device__ uint32_t q_seq() const { return bits & kQSeqMask; }
-    __device__ void tile_done() { bits = (bits & ~kQSeqMask) | ((bits + 1) & kQSeqMask); }
-    // The unit's second block (pairs), else this CTA's unit of the next round: unit u = k·ctas + r with
-    // r = (cta + k) mod ctas is followed by (k + 1)·ctas + (r + 1) mod ctas.
-    __device__ void next(bool pairs, uint32_t ctas) {
-        if (pairs && block() == 0) {
-            bits |= 1u << (kLow - 1);
-        } else {
-            const uint32_t u = bits >> kLow;
-            const uint32_t r = u % ctas;
-            bits = (u - r + ctas + (r + 1 == ctas ? 0u : r + 1)) << kLow | (bits & kQSeqMask);
-        }
+    // The next tile, this CTA's of the next round: tile u = k·ctas + r with r = (cta + k) mod ctas is followed by
+    // (k + 1)·ctas + (r + 1) mod ctas; and one more tile done.
+    __device__ void next(uint32_t ctas) {
+        const uint32_t u = bits >> kLow;
+        const uint32_t r = u % ctas;
+        bits = (u - r + ctas + (r + 1 == ctas ? 0u : r + 1)) << kLow | ((bits + 1) & kQSeqMask);
     }
 };
 
-// Query block `k` (0 or 1) of unit u, or -1 when the unit has no such block; head and batch through `tile`.
-__device__ __forceinline__ int unit_block(const FlashFwdParams& p, const TileOrder& o, int u, int k, Tile& tile) {
-    if (!pairs_blocks(o)) {
-        tile = tile_at(p, o, u);
-        return k == 0 ? tile.m_block : -1;
-    } else {
-        const int num_j = (o.num_m + 1) / 2;
-        const int per_section = o.group * num_j;
-        const int section = u / per_section;
-        const int r = u - section * per_section;
-        const int first = section * o.group;
-        const int heads_here = min(o.group, p.batch * p.heads - first);
-        const int j = r / heads_here;
-        const int pair = first + (r - j * heads_here);
-        tile.batch = pair / p.heads;
-        tile.head = pair - tile.batch * p.heads;
-        const int long_block = o.num_m - 1 - j;
-        tile.m_block = k == 0 ? long_block : (j != long_block ? j : -1);
-        return tile.m_block;
-    }
-}
-
-// Persistent: run(tile, its first query row, its Q parity) for each tile of this CTA's sequence. Only the cursor
-// (and the caller's ring) is carried from tile to tile: the order is recomputed from the parameters (constant
-// bank) each time, which keeps the consumers' loop-carried registers at what one tile needs (d256 is at its
-// budget: one more live register across consume() spills there).
+// Persistent: run(tile, its first query row, its Q sequence, its index in the order) for each tile of this CTA's
+// share. Only the cursor (and the caller's ring) is carried from tile to tile: the order is recomputed from the
+// parameters (constant bank) each time, which keeps the consumers' loop-carried registers at what one tile needs
+// (d256 is at its budget: one more live register across consume() spills there).
+//
+// kTileCounter (causal): the producer takes blockIdx.x first, then gridDim.x + atomicAdd(tile_counter, 1) as each
+// tile's loads are issued, so a CTA that finishes early takes the next tile of the order (the longest left first)
+// and the CTAs run out of work within about one short tile of each other. It writes each tile's index into the
+// word of the tile's Q slot before Q's load arrives on the slot's full barrier (an mbarrier arrive releases, the
+// consumers' wait acquires), and past the last tile it writes an index >= tiles with a plain arrive (no Q): the
+// consumers, which read their tiles from those words, stop there.
 template <class Run>
 __device__ __forceinline__ void for_each_tile(const FlashFwdParams& p, Run&& run) {
     if constexpr (kQBuffers == 2) {
-        // the Cursor's unit field (above): the last unit it computes is below units + 2 CTAs (Cursor::next)
-        if (num_units(p, tile_order(p)) + 2 * gridDim.x >= (1u << 29)) __trap();
+        // the Cursor's tile field (above): the last tile it computes is below tiles + 2 CTAs (Cursor::next)
+        if (tile_order(p).tiles + 2 * gridDim.x >= (1u << 29)) __trap();
     }
     for (Cursor c{blockIdx.x << Cursor::kLow};;) {
         const TileOrder order = tile_order(p);
-        if (c.unit() >= num_units(p, order)) break;
-        Tile work;
-        if (unit_block(p, order, c.unit(), c.block(), work) >= 0) {
-            run(work, work.m_block * kBr, c.q_seq());
-            c.tile_done();
+        if (c.tile() >= order.tiles) break;
+        const Tile work = tile_at(p, order, c.tile());
+        run(work, work.m_block * kBr, c.q_seq(), c.tile());
+        c.next(gridDim.x);
+    }
+}
+
+template <class Run>
+__device__ __forceinline__ void producer_tiles(const FlashFwdParams& p, const Smem& sm, Run&& run) {
+    if constexpr (kTileCounter) {
+        uint32_t q_seq = 0;
+        for (int t = static_cast<int>(blockIdx.x);; q_seq = (q_seq + 1) & kQSeqMask) {
+            const TileOrder order = tile_order(p);
+            if (t >= order.tiles) {
+                const uint32_t slot = q_slot_of(q_seq);
+                mbar_wait(sm.q_empty(slot), q_parity_of(q_seq) ^ 1);
+                st_shared_u32(sm.tile_word(slot), static_cast<uint32_t>(t));
+                mbar_arrive(sm.q_full(slot));
+                return;
+            }
+            const int next = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
+            const Tile work = tile_at(p, order, t);
+            run(work, work.m_block * kBr, q_seq, t);
+            t = next;
         }
-        c.next(pairs_blocks(order), gridDim.x);
+    } else {
+        for_each_tile(p, run);
+    }
+}
+
+template <class Run>
+__device__ __forceinline__ void consumer_tiles(const FlashFwdParams& p, const Smem& sm, Run&& run) {
+    if constexpr (kTileCounter) {
+        for (uint32_t q_seq = 0;; q_seq = (q_seq + 1) & kQSeqMask) {
+            const uint32_t slot = q_slot_of(q_seq);
+            mbar_wait(sm.q_full(slot), q_parity_of(q_seq));
+            const int t = static_cast<int>(ld_shared_u32(sm.tile_word(slot)));
+            const TileOrder order = tile_order(p);
+            if (t >= order.tiles) return;
+            const Tile work = tile_at(p, order, t);
+            run(work, work.m_block * kBr, q_seq, t);
+        }
+    } else {
+        for_each_tile(p, run);
     }
 }
 
 // ---- producer ------------------------------------------------------------------------------------------------------
 
 __device__ __forceinline__ void load_q(const Smem& sm, uint32_t slot, const CUtensorMap* tm_q, int m0, int head,
-                                       int batch) {
+                                       int batch, int index = 0) {
+    if constexpr (kTileCounter) st_shared_u32(sm.tile_word(slot), static_cast<uint32_t>(index));  // before the arrive
     mbar_arrive_expect_tx(sm.q_full(slot), kQBytes);
 #pragma unroll
     for (int wg = 0; wg < kConsumerWGs; ++wg)
@@ -262,12 +271,13 @@ struct Ring {
 // goes first: its slot was released by the tile before the previous one, normally long ago.
 __device__ __forceinline__ void produce(const FlashFwdParams& p, const Smem& sm, const CUtensorMap* tm_q,
                                         const CUtensorMap* tm_k, const CUtensorMap* tm_v, int m0, int head,
-                                        int kv_head, int batch, int n_begin, int n_end, Ring& ring, uint32_t q_seq) {
+                                        int kv_head, int batch, int n_begin, int n_end, Ring& ring, uint32_t q_seq,
+                                        int index = 0) {
     const uint32_t q_slot = q_slot_of(q_seq);
     if constexpr (!kPersistent && !kPackGqa) load_q(sm, q_slot, tm_q, m0, head, batch);
     if constexpr (kPersistent && kQBuffers == 2) {
         mbar_wait(sm.q_empty(q_slot), q_parity_of(q_seq) ^ 1);
-        load_q(sm, q_slot, tm_q, m0, head, batch);
+        load_q(sm, q_slot, tm_q, m0, head, batch, index);
     }
 
     int& stage = ring.stage;
@@ -288,7 +298,7 @@ __device__ __forceinline__ void produce(const FlashFwdParams& p, const Smem& sm,
         if constexpr (kPersistent && kQBuffers == 1) {
             if (n == n_begin) {
                 mbar_wait(sm.q_empty(q_slot), q_parity_of(q_seq) ^ 1);
-                load_q(sm, q_slot, tm_q, m0, head, batch);
+                load_q(sm, q_slot, tm_q, m0, head, batch, index);
             }
         }
         ring.advance();
@@ -1038,15 +1048,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
         if (warpgroup == 0) {
             if constexpr (kSetMaxNReg) setmaxnreg_dec<kProducerRegs>();
             if (threadIdx.x == 0)
-                for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_seq) {
+                producer_tiles(p, sm, [&](const Tile& work, int work_m0, uint32_t q_seq, int index) {
                     produce(p, sm, &tm_q, &tm_k, &tm_v, work_m0, work.head, work.head / (p.heads / p.kv_heads),
-                            work.batch, 0, num_kv_tiles(p, work_m0, work.batch), ring, q_seq);
+                            work.batch, 0, num_kv_tiles(p, work_m0, work.batch), ring, q_seq, index);
                 });
         } else {
             if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
             const Turns turns{warpgroup - 1};
             turns.open();
-            for_each_tile(p, [&](const Tile& work, int work_m0, uint32_t q_seq) {
+            consumer_tiles(p, sm, [&](const Tile& work, int work_m0, uint32_t q_seq, int) {
                 consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, 0, num_kv_tiles(p, work_m0, work.batch),
                         0, ring, q_seq);
             });

@@ -91,7 +91,16 @@ constexpr int kKVTileBytes = kBc * kHeadDim * kElemBytes;
 // producer loads the next tile's Q while the current tile runs instead of after its last P·V, when the consumers give
 // the one slot back (that wait sat at every tile's start: short sequences lost ~10 % of their warp samples to it).
 // Not an axis: one more slot only ever moves a load earlier. space/wgmma.py: q_buffers.
-constexpr int kSmemTwoQ = kSmemAlign + 2 * kQBytes + 2 * kStages * kKVTileBytes + 8 * (2 + 4 * kStages + 2);
+// Causal persistent CTAs take tiles from a counter (p.tile_counter) instead of walking a fixed sequence: tiles of a
+// causal order differ in length, and a fixed share of them leaves CTAs idle at the end (the block pairs this
+// replaced cost alike, but 1024 of them on 132 CTAs are 7.76 rounds: 3 % of the kernel spent with a quarter of the
+// SMs idle; taken in order as CTAs free up, the longest first, the tail is about one short tile). The producer
+// hands each tile's index to the consumers in a word beside its Q slot (kTileWordBytes per slot, after the barriers).
+// space/wgmma.py: tile_counter.
+constexpr bool kTileCounter = kPersistent && kCausal;
+constexpr int kTileWordBytes = kTileCounter ? 8 : 0;
+constexpr int kSmemTwoQ =
+    kSmemAlign + 2 * kQBytes + 2 * kStages * kKVTileBytes + 8 * (2 + 4 * kStages + 2) + 2 * kTileWordBytes;
 // K/V release: K and V of a ring slot go back separately (K once S = Q·Kᵀ has read it) only in the overlapped loop
 // with two stages, where one release after P·V would put K(n+1)'s whole load on every iteration (docs/benchmarks.md:
 // +26-61 % there); elsewhere the joint release after P·V leaves a whole iteration of slack, and the split one measured
@@ -106,7 +115,8 @@ constexpr long long kL2SectionBytes = 8ll << 20;
 // Q full per Q slot; K full, V full, K empty, V empty per stage (K and V of a slot are released separately: K once
 // S = Q·Kᵀ has read it); persistent: Q empty per Q slot (the slot, and the O staged in it, is free).
 constexpr int kNumBarriers = kQBuffers + 4 * kStages + (kPersistent ? kQBuffers : 0);
-constexpr int kSmemDynamic = kSmemAlign + kQBuffers * kQBytes + 2 * kStages * kKVTileBytes + 8 * kNumBarriers;
+constexpr int kSmemDynamic =
+    kSmemAlign + kQBuffers * kQBytes + 2 * kStages * kKVTileBytes + 8 * kNumBarriers + kQBuffers * kTileWordBytes;
 constexpr int kSmemStatic = 0;
 
 // Register budget: the launch-bounds cap, and what setmaxnreg hands each role.
