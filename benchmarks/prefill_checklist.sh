@@ -87,6 +87,9 @@
 #                                                   ncu's DRAM bytes of P on the Llama causal row, here and at the
 #                                                   first size
 #   bash benchmarks/prefill_checklist.sh verify-l2  the wgmma GPU matrix, then l2-section 32 with 6 rounds
+#   bash benchmarks/prefill_checklist.sh verify-counter  the tile counter of causal persistent CTAs: the wgmma GPU
+#                                                   matrix, tests/test_tile_counter_gpu.py, then ncu durations of P
+#                                                   before (.ab/5bb3e5f-tree) and after on the causal rows
 #   bash benchmarks/prefill_checklist.sh configs-ncu  ncu's duration of candidate configs on the GQA chunk and the
 #                                                   Llama causal rows, and of the grid ping-pong config at Bc 176/192
 #                                                   on two d128 non-causal rows (ours only)
@@ -238,6 +241,22 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
     TAIL=5 step chunk_export 30 python3 -m autotune.cli export /tmp/h200-merged.json --gpu h200 --storage "$db" --merge
     rm -f "$OUT"/.autotune-*.lock
     cp /tmp/h200-merged.json "$OUT/h200.json" ;;
+  verify-counter)
+    # causal persistent CTAs taking tiles from a counter: the wgmma GPU matrix, the counter's own test, then ncu's
+    # duration of the shipped P config on both causal d128 rows and a non-causal control, this checkout against
+    # main before the change (the whole tree: its loader and parameter block differ), carried as .ab/5bb3e5f-tree:
+    #   mkdir -p .ab/5bb3e5f-tree && git archive 5bb3e5f kernels autotune space benchmarks studies | tar -x -C .ab/5bb3e5f-tree
+    wgmma_matrix
+    TAIL=6 step counter_test 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_tile_counter_gpu.py
+    [ -d .ab/5bb3e5f-tree/kernels ] || { echo "== counter ncu: .ab/5bb3e5f-tree not carried"; exit 1; }
+    for shape in b4-h16-n4096-d128-fp16-causal b1-h32-kv8-n8192-d128-bf16-causal b4-h16-n4096-d128-fp16-full; do
+      for side in before after; do
+        tree=$PWD; [ $side = before ] && tree=$PWD/.ab/5bb3e5f-tree
+        (cd "$tree" && PYTHONPATH=/tmp/site:$tree TAIL=4 OUT=$OUT step "ncu_${side}_$shape" 120 \
+          benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$side-$shape" --ours-only --configs-only \
+          --config "$SHIP_P" --config "$SHIP_P")
+      done
+    done ;;
   verify-l2)
     # the 8 MB section (2026-12-06): the whole wgmma GPU matrix (every persistent and lpt causal order moved), then
     # 6 rounds against the 32 MB it replaced
@@ -327,5 +346,5 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
       PYTHONPATH=$FA4_SITE:$PWD TAIL=40 step "ncu_$shape" 120 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$shape" \
         --peers fa4,cudnn
     done ;;
-  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|stage|peers|ncu|levers|stalls|exp2|sm80-regs [BUDGET_S]|turns|verify|ab [ROUNDS]|mma-sync [BUDGET_S]|fused|fused-matrix|ptxas [ROUNDS]|peel [ROUNDS]|verify-peel|l2-section [MB...]|verify-l2|configs-ncu|chunk-retune" >&2; exit 2 ;;
+  *) echo "usage: $0 vit-dram|tables [BUDGET_S] [CAMPAIGN]|stage|peers|ncu|levers|stalls|exp2|sm80-regs [BUDGET_S]|turns|verify|ab [ROUNDS]|mma-sync [BUDGET_S]|fused|fused-matrix|ptxas [ROUNDS]|peel [ROUNDS]|verify-peel|l2-section [MB...]|verify-l2|configs-ncu|chunk-retune|verify-counter" >&2; exit 2 ;;
 esac
