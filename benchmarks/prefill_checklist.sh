@@ -245,7 +245,7 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
     # causal persistent CTAs taking tiles from a counter: the wgmma GPU matrix, the counter's own test, then ncu's
     # duration of the shipped P config on both causal d128 rows and a non-causal control, this checkout against
     # main before the change (the whole tree: its loader and parameter block differ), carried as .ab/5bb3e5f-tree:
-    #   mkdir -p .ab/5bb3e5f-tree && git archive 5bb3e5f kernels autotune space benchmarks studies | tar -x -C .ab/5bb3e5f-tree
+    #   mkdir -p .ab/5bb3e5f-tree && git archive 5bb3e5f kernels autotune space benchmarks studies pyproject.toml | tar -x -C .ab/5bb3e5f-tree
     wgmma_matrix
     TAIL=6 step counter_test 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_tile_counter_gpu.py
     [ -d .ab/5bb3e5f-tree/kernels ] || { echo "== counter ncu: .ab/5bb3e5f-tree not carried"; exit 1; }
