@@ -250,9 +250,9 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
     TAIL=6 step counter_test 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_tile_counter_gpu.py
     [ -d .ab/5bb3e5f-tree/kernels ] || { echo "== counter ncu: .ab/5bb3e5f-tree not carried"; exit 1; }
     for shape in b4-h16-n4096-d128-fp16-causal b1-h32-kv8-n8192-d128-bf16-causal b4-h16-n4096-d128-fp16-full; do
-      for side in before after; do
-        tree=$PWD; [ $side = before ] && tree=$PWD/.ab/5bb3e5f-tree
-        (cd "$tree" && PYTHONPATH=/tmp/site:$tree TAIL=4 OUT=$OUT step "ncu_${side}_$shape" 120 \
+      for side in before1 after1 before2 after2; do  # alternated, two launches each
+        tree=$PWD; [ "${side%?}" = before ] && tree=$PWD/.ab/5bb3e5f-tree
+        (cd "$tree" && PYTHONPATH=/tmp/site:$tree TAIL=3 OUT=$OUT step "ncu_${side}_$shape" 120 \
           benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-$side-$shape" --ours-only --configs-only \
           --config "$SHIP_P" --config "$SHIP_P")
       done

@@ -193,7 +193,8 @@ def persistent_tiles(cta: int, ctas: int, batch: int, heads: int, kv_heads: int,
 def counter_schedule(ctas: int, costs: list[float]) -> list[list[int]]:
     """Which tiles (indices into the order) each of `ctas` persistent CTAs runs when they take them from a counter
     (flash_fwd.cu: producer_tiles) and tile i costs costs[i]: CTA c starts with tile c, and each further tile goes
-    to the CTA that frees up first (the lowest-numbered on a tie). A model of the kernel's behaviour, for tests and
+    to the CTA that frees up first (the lowest-numbered on a tie); the kernel's producer claims it a ring's worth
+    of key tiles earlier, once the current tile's loads are issued. A model of the kernel's behaviour, for tests and
     for reasoning about balance: on the GPU the order in which CTAs reach the counter is the hardware's."""
     import heapq
 

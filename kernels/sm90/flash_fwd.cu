@@ -178,9 +178,9 @@ struct Cursor {
 // parameters (constant bank) each time, which keeps the consumers' loop-carried registers at what one tile needs
 // (d256 is at its budget: one more live register across consume() spills there).
 //
-// kTileCounter (causal): the producer takes blockIdx.x first, then gridDim.x + atomicAdd(tile_counter, 1) as each
-// tile's loads are issued, so a CTA that finishes early takes the next tile of the order (the longest left first)
-// and the CTAs run out of work within about one short tile of each other. It writes each tile's index into the
+// kTileCounter (causal): the producer takes blockIdx.x first, then gridDim.x + atomicAdd(tile_counter, 1) once it
+// has issued each tile's last loads, so a CTA that finishes early takes the next tile of the order (the longest
+// left first) and the CTAs run out of work within about one short tile of each other. It writes each tile's index into the
 // word of the tile's Q slot before Q's load arrives on the slot's full barrier (an mbarrier arrive releases, the
 // consumers' wait acquires), and past the last tile it writes an index >= tiles with a plain arrive (no Q): the
 // consumers, which read their tiles from those words, stop there.
@@ -212,10 +212,12 @@ __device__ __forceinline__ void producer_tiles(const FlashFwdParams& p, const Sm
                 mbar_arrive(sm.q_full(slot));
                 return;
             }
-            const int next = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
             const Tile work = tile_at(p, order, t);
             run(work, work.m_block * kBr, q_seq, t);
-            t = next;
+            // claimed only now, with this tile's loads all issued (about `stages` key tiles before the CTA frees
+            // up): claimed as the tile started, every CTA held the next tile for a whole tile ahead, long ones too,
+            // and the tail grew instead of shrinking (H100, B4 H16 N4096 causal: 450 us against the pairs' 438)
+            t = static_cast<int>(gridDim.x) + atomicAdd(p.tile_counter, 1);
         }
     } else {
         for_each_tile(p, run);
