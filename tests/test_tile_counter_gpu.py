@@ -63,6 +63,19 @@ def test_the_tile_counter_is_zeroed_before_every_launch(build_cache_dir, monkeyp
     for _ in range(2):
         run_and_compare(lambda: relaunch(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()))
 
+    # captured in a CUDA graph (as servers replay attention): the zeroing is a node of the graph, so every replay
+    # starts from zero
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        relaunch(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())  # warm-up outside the capture
+        with torch.cuda.graph(graph, stream=stream):
+            relaunch(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr())
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(2):
+        run_and_compare(graph.replay)
+
     # switched off: the Launch's counter holds the tile count from its last run, so each CTA runs its first tile only
     monkeypatch.setattr(loader, "_zero_counter", lambda address, stream: None)
     o.fill_(float("nan"))
