@@ -513,7 +513,7 @@ class KernelRunner:
         if self.layout.tile_counter:
             import torch
 
-            counter = torch.zeros(1, dtype=torch.int32, device=q.device)
+            counter = torch.empty(1, dtype=torch.int32, device=q.device)  # Launch.__call__ zeroes it
             params.tile_counter = counter.data_ptr()
         return Launch(kernel, params, grid, (self.layout.threads, 1, 1), self.layout.smem_dynamic,
                       (q, k, v, o, lse, seqused_k, *partials), extra, self.combine(shape, q.device.index),
