@@ -133,7 +133,8 @@ def table(raw_csv: Path) -> str:
         runs = iter(range(1, len(labels) + 1))
         labels = [("ours combine" if "combine" in n else f"ours #{next(runs)}") if lab == "ours" else lab
                   for lab, n in zip(labels, names)]
-    scale = {"gpu__time_duration.sum": 1e-3, "smsp__inst_executed.sum": 1e-6, "launch__shared_mem_per_block_dynamic": 1 / 1024}
+    scale = {"gpu__time_duration.sum": 1e-3, "smsp__inst_executed.sum": 1e-6,
+             "launch__shared_mem_per_block_dynamic": 1 / 1024}
     byte_units = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12}  # ncu picks the prefix
     out = ["| metric | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
 

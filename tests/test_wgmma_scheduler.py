@@ -69,7 +69,8 @@ def test_the_l2_section_follows_kv_bytes():
     assert order[:3] == [(0, 0, 0), (1, 0, 0), (2, 0, 0)]  # non-causal: the query blocks of one head together
     causal = wg.tile_order(2, 32, 32, 4096, 4096, 128, 128, True)
     assert {h for _, h, b in causal[:4 * 32]} == set(range(4)) and {b for *_, b in causal[:4 * 32]} == {0}
-    assert causal[:5] == [(31, 0, 0), (31, 1, 0), (31, 2, 0), (31, 3, 0), (30, 0, 0)]  # causal: the heads of a section side by side
+    # causal: the heads of a section side by side
+    assert causal[:5] == [(31, 0, 0), (31, 1, 0), (31, 2, 0), (31, 3, 0), (30, 0, 0)]
 
 
 @pytest.mark.parametrize("batch,heads,kv_heads,seqlen,head_dim,rows", [

@@ -180,10 +180,11 @@ struct Cursor {
 //
 // kTileCounter (causal): the producer takes blockIdx.x first, then gridDim.x + atomicAdd(tile_counter, 1) once it
 // has issued each tile's last loads, so a CTA that finishes early takes the next tile of the order (the longest
-// left first) and the CTAs run out of work within about one short tile of each other. It writes each tile's index into the
-// word of the tile's Q slot before Q's load arrives on the slot's full barrier (an mbarrier arrive releases, the
-// consumers' wait acquires), and past the last tile it writes an index >= tiles with a plain arrive (no Q): the
-// consumers, which read their tiles from those words, stop there.
+// left first) and the CTAs run out of work within about one short tile of each other. It writes each tile's index
+// into the word of the tile's Q slot before Q's load arrives on the slot's full barrier (an mbarrier arrive
+// releases, the consumers' wait acquires), and past the last tile it writes an index >= tiles with a plain arrive
+// (no Q): the consumers, which read their tiles from those words, stop there. (consume() waits on the same full
+// barrier again: the phase is complete, so that wait returns at once.)
 template <class Run>
 __device__ __forceinline__ void for_each_tile(const FlashFwdParams& p, Run&& run) {
     if constexpr (kQBuffers == 2) {
