@@ -390,7 +390,7 @@ class Relaunch:
             self._workspace_elems, self._lse_offset = o_elems + lse_elems, o_elems * 4
         self._empty, self._fp32, self._int32 = torch.empty, torch.float32, torch.int32
         self._device = launch.device if launch.device is not None else torch.device("cuda", self.kernel.device)
-        self._counter = launch.counter is not None
+        self._takes_counter = launch.counter is not None
         self._lock = threading.Lock()
 
     def __call__(self, q: int, k: int, v: int, o: int, lse: int | None = None, seqused_k: int | None = None,
@@ -417,7 +417,7 @@ class Relaunch:
                 p.o_partial = base = workspace.data_ptr()
                 p.lse_partial = base + self._lse_offset
             kernel._make_current()
-            if self._counter:  # a fresh counter per call too, zeroed in stream order before the kernel reads it
+            if self._takes_counter:  # a fresh counter per call too, zeroed in stream order before the kernel reads it
                 counter = self._empty(1, dtype=self._int32, device=self._device)
                 p.tile_counter = counter.data_ptr()
                 _zero_counter(p.tile_counter, handle)
