@@ -145,7 +145,7 @@ def table(raw_csv: Path) -> str:
         factor = scale.get(metric, 1.0)
         if metric == "gpu__time_duration.sum" and unit in ("usecond", "us"):
             factor = 1.0
-        if metric.endswith("bytes_read.sum") or metric.endswith("bytes.sum"):  # shown in MB
+        if metric.endswith(("bytes_read.sum", "bytes.sum")):  # shown in MB
             factor = byte_units.get(unit.lower(), 1) / 1e6
         vals = [_number(k[col[metric]]) for k in kernels]
         if metric.endswith(".per_second"):  # ncu picks the prefix (Gbyte/s, Tbyte/s): say which

@@ -125,6 +125,8 @@ SHIP_P=$SW,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=1,o_rescale=before,
 SHIP_L=$SW,consumer_wgs=2,bc=128,stages=2,overlap=1,pingpong=1,o_rescale=before,scheduler=lpt
 SHIP_G=$SW,consumer_wgs=2,bc=128,stages=3,overlap=1,pingpong=0,o_rescale=before,scheduler=grid
 SHIP_T=$SW,consumer_wgs=3,bc=128,stages=3,overlap=0,pingpong=0,o_rescale=after,scheduler=persistent
+# P's loop under the grid scheduler, Bc left to the step (Bc 176/192 are valid there, not persistent)
+G2=$SW,consumer_wgs=2,stages=2,overlap=1,pingpong=1,o_rescale=before,scheduler=grid
 ab() {  # ab NAME LIMIT_S ROUNDS ARGS...: benchmarks/kernel_ab.py against 208bc9a into $OUT/NAME
   local name=$1 limit=$2 rounds=$3; shift 3
   [ -d .ab/208bc9a/kernels ] || { echo "== $name: .ab/208bc9a/kernels not carried"; return 1; }
@@ -216,7 +218,6 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
     # candidate configs of the two rows still behind FlashAttention-4 after the 8 MB section, by ncu's duration (one
     # launch each, caches flushed between: steadier than kernel_ab's timing on one H100, +-3 %): the GQA chunk (a
     # single wave of 128 tiles) and the Llama causal prefill; FlashAttention-4 runs both with packed GQA heads
-    G2=$SW,consumer_wgs=2,stages=2,overlap=1,pingpong=1,o_rescale=before,scheduler=grid
     TAIL=30 step ncu_chunk_configs 150 benchmarks/ncu_compare.sh b1-h32-kv8-n512-k8192-d128-bf16-full \
       "$OUT/ncu-chunk-configs" --ours-only --configs-only --config "$SHIP_P" --config "$G2,bc=128" \
       --config "$G2,bc=128,pack_gqa=1" --config "$SW,consumer_wgs=2,bc=128,stages=3,overlap=1,pingpong=1,o_rescale=before,scheduler=grid" \
@@ -232,7 +233,6 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
     # the GQA chunk row searched again, seeded with the grid ping-pong config at Bc 192 and 176 (ncu on the H100,
     # 2026-12-06: 99.1 and 99.4 us against P's 100.8; Bc above 128 is not valid with P's persistent loop) and P;
     # exported over this host's copy of the shipped table into /tmp/h200-merged.json, which `peers` then runs
-    G2=$SW,consumer_wgs=2,stages=2,overlap=1,pingpong=1,o_rescale=before,scheduler=grid
     db=sqlite:///$OUT/chunk.db
     TAIL=12 step chunk_search 300 python3 -m autotune.cli search --seqlen 512 --seqlen-k 8192 --batch 1 --heads 32 \
       --kv-heads 8 --head-dim 128 --dtype bf16 --family wgmma --trials 6 --retime 4 --storage "$db" \

@@ -5,6 +5,8 @@ messages, and tests/test_wgmma_compile.py compiles a sample to check that both s
 """
 from __future__ import annotations
 
+import heapq
+
 from .arch import Arch
 from .config import PACK_TILE_ROWS, Axis, Config, Family, Layout, register_family
 from .problem import Problem, Shape
@@ -196,8 +198,6 @@ def counter_schedule(ctas: int, costs: list[float]) -> list[list[int]]:
     to the CTA that frees up first (the lowest-numbered on a tie); the kernel's producer claims it a ring's worth
     of key tiles earlier, once the current tile's loads are issued. A model of the kernel's behaviour, for tests and
     for reasoning about balance: on the GPU the order in which CTAs reach the counter is the hardware's."""
-    import heapq
-
     out: list[list[int]] = [[] for _ in range(ctas)]
     free = []
     for c in range(min(ctas, len(costs))):
