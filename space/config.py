@@ -62,6 +62,9 @@ class Layout:
     # The kernel takes its tiles from an int32 counter in global memory (params.tile_counter), which must be zero
     # when it starts: the loader zeroes one before every launch.
     tile_counter: bool = False
+    # Persistent, non-causal: the last round's tiles may be cut along the keys (space.wgmma.tail_plan); the loader then
+    # allocates fp32 partials and launches flash_fwd_tail_combine after the kernel.
+    tail_split: bool = False
 
     @property
     def smem_total(self) -> int:

@@ -6,6 +6,7 @@ messages, and tests/test_wgmma_compile.py compiles a sample to check that both s
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 
 from .arch import Arch
 from .config import PACK_TILE_ROWS, Axis, Config, Family, Layout, register_family
@@ -28,7 +29,8 @@ REG_OVERHEAD = {False: 8, True: 32}
 # The persistent overlapped loop at d256 causal spills with o_rescale=after too (4-64 B at Bc 64/80), so it gets the
 # same margin; d128 causal does not (Bc 192 compiles without spill at 32). So does d256 with softmax_reduce=tree
 # (its partial maxima and sums: the non-causal d256 default, persistent, spilled) and with exp2_fma (the polynomial's
-# temporaries: Bc 80 persistent, non-causal, spilled 24 B).
+# temporaries: Bc 80 persistent, non-causal, spilled 24 B), and with tail_split (its second copy of the tile loop: the
+# d256 default spilled 56 B; its own rule, tail_split_fits_registers, as the decode axes' rules read them alone).
 REG_OVERHEAD_PERSISTENT_TIGHT = 72
 SCHEDULERS = ("grid", "lpt", "persistent")  # AT_SCHEDULER = index; "grid" is the kernel as it was before the axis
 O_RESCALES = ("after", "before", "fused")    # AT_O_RESCALE = index (traits.cuh kORescale)
@@ -74,6 +76,10 @@ AXES = (
          "unmasked tiles: every fourth exponential of P computed on the FMA pipe (a degree-3 polynomial, 1.2e-4 "
          "relative error) instead of MUFU.EX2, whose 8 cycles per warp instruction bound the softmax",
          lambda v: {"none": 0, "quarter": 4}[v], default="none"),
+    Axis("tail_split", (False, True), "AT_TAIL_SPLIT",
+         "persistent, non-causal: the full rounds of tiles run whole and the last, part-empty round's tiles are cut "
+         "along the keys into about equal pieces over all the CTAs (stream-K's tail), merged by a small combine "
+         "kernel", default=False),
     Axis("kv_splits", KV_SPLITS, "AT_KV_SPLITS",
          "CTAs one tile's key range is cut into (grid.z = batch × splits); each writes fp32 partials that a small "
          "combine kernel merges by their logsumexp: fills the SMs when batch × heads × query blocks is small "
@@ -116,6 +122,65 @@ def tile_word_bytes(c: Config, p: Problem) -> int:
     return 8 if tile_counter(c, p) else 0
 
 
+TAIL_MIN_KEY_TILES = 2  # the smallest piece of a cut tile, in key tiles (traits.cuh: kTailMinKeyTiles)
+
+
+@dataclass(frozen=True)
+class TailPlan:
+    """How a tail-split kernel cuts its last round (flash_fwd.cu: tail_plan, the twin): tiles [0, full_end) run
+    whole in full rounds, the tail_tiles after them are units = tail_tiles × key_tiles (one key tile of one tile)
+    that CTAs 0 .. ctas-1 share out as equal contiguous ranges, a piece of at most two tiles each."""
+
+    full_end: int
+    tail_tiles: int
+    ctas: int
+    key_tiles: int
+
+    @property
+    def units(self) -> int:
+        return self.tail_tiles * self.key_tiles
+
+    def start(self, cta: int) -> int:
+        """The first unit of CTA `cta`'s share (the share ends where the next one's starts)."""
+        return cta * self.units // self.ctas
+
+    def cta_of(self, unit: int) -> int:
+        """The CTA whose share holds `unit`."""
+        return ((unit + 1) * self.ctas - 1) // self.units
+
+    def pieces(self, cta: int) -> list[tuple[int, int, int, int]]:
+        """(tile index in the order, first key tile, key tile end, partial slot) of each piece CTA `cta` runs after
+        its full rounds (flash_fwd.cu: tail_pieces)."""
+        out = []
+        if cta >= self.ctas:
+            return out
+        u, end, slot = self.start(cta), self.start(cta + 1), 2 * cta
+        while u < end:
+            j = u // self.key_tiles
+            n_end = min(self.key_tiles, end - j * self.key_tiles)
+            out.append((self.full_end + j, u - j * self.key_tiles, n_end, slot))
+            u, slot = j * self.key_tiles + n_end, slot + 1
+        return out
+
+    def slots_of_tile(self, j: int) -> list[int]:
+        """The partial slots of cut tile j (0 .. tail_tiles-1) that flash_fwd_tail_combine merges, in key order."""
+        first = j * self.key_tiles
+        return [2 * i + (1 if self.start(i) < first else 0)
+                for i in range(self.cta_of(first), self.cta_of(first + self.key_tiles - 1) + 1)]
+
+
+def tail_plan(tiles: int, ctas: int, key_tiles: int) -> TailPlan | None:
+    """The cut of a tail-split kernel's last round, or None where it runs whole as without the axis: fewer tiles
+    than one full round, no tile left over, or tiles shorter than two pieces (2 × TAIL_MIN_KEY_TILES key tiles).
+    Otherwise as many CTAs as have TAIL_MIN_KEY_TILES units each, at most all of them."""
+    if ctas < 1 or tiles < 1 or key_tiles < 1:
+        raise ValueError(f"tail_plan: tiles, ctas and key_tiles must be >= 1, got {tiles}, {ctas}, {key_tiles}")
+    full, rest = divmod(tiles, ctas)
+    if full < 1 or rest == 0 or key_tiles < 2 * TAIL_MIN_KEY_TILES:
+        return None
+    return TailPlan(full * ctas, rest, min(ctas, rest * key_tiles // TAIL_MIN_KEY_TILES), key_tiles)
+
+
 def num_barriers(c: Config, p: Problem) -> int:
     # Q full per Q slot; K full, V full, K empty, V empty per stage; persistent: Q empty per Q slot
     q = q_buffers(c, p)
@@ -136,7 +201,7 @@ def smem_regions(c: Config, p: Problem) -> dict[str, int]:
 def layout(c: Config, p: Problem) -> Layout:
     return Layout(threads=threads(c), smem_static=0, smem_dynamic=sum(smem_regions(c, p).values()),
                   rows_per_block=br(c), scheduler=c.scheduler, kv_splits=c.kv_splits, pack_gqa=c.pack_gqa,
-                  tile_counter=tile_counter(c, p))
+                  tile_counter=tile_counter(c, p), tail_split=c.tail_split)
 
 
 def tile_order(batch: int, heads: int, kv_heads: int, seqlen_q: int, seqlen_k: int, head_dim: int, rows: int,
@@ -230,6 +295,14 @@ def accumulator_registers(c: Config, p: Problem) -> int:
     return c.bc // 2 + p.head_dim // 2 + c.bc // 4 + overhead
 
 
+def accumulator_registers_tail(c: Config, p: Problem) -> int:
+    """accumulator_registers with tail_split's margin: its second copy of the tile loop spills the persistent
+    overlapped d256 loop at 32 (traits.cuh kAccumulatorRegsTail)."""
+    if c.tail_split and c.overlap and c.scheduler == "persistent" and p.head_dim == 256:
+        return c.bc // 2 + p.head_dim // 2 + c.bc // 4 + REG_OVERHEAD_PERSISTENT_TIGHT
+    return accumulator_registers(c, p)
+
+
 @rule("head_dim_chunks", "head_dim must be a multiple of 64 (TMA boxes one 128-byte swizzle span wide)")
 def head_dim_chunks(c, p, a, lay):
     if p.head_dim % SWIZZLE_COLS:
@@ -308,10 +381,30 @@ def kv_splits_store_direct(c, p, a, lay):
         return f"kv_splits={c.kv_splits} needs o_store=direct, got {c.o_store}"
 
 
+@rule("tail_split_needs_equal_rounds", "tail_split cuts the last of the persistent scheduler's fixed rounds of "
+      "equal tiles (not causal, whose CTAs take tiles from a counter, nor seqused_k)")
+def tail_split_needs_equal_rounds(c, p, a, lay):
+    if c.tail_split and (c.scheduler != "persistent" or p.causal or p.seqused_k):
+        return (f"tail_split needs scheduler=persistent on a non-causal problem without seqused_k, got "
+                f"scheduler={c.scheduler}, causal={int(p.causal)}, seqused_k={int(p.seqused_k)}")
+
+
+@rule("tail_split_fits_registers", "S + O + P (+ overhead) per consumer thread must fit its register budget with "
+      "tail_split's second tile loop")
+def tail_split_fits_registers(c, p, a, lay):
+    if not c.tail_split:
+        return None
+    budget = consumer_registers(c.consumer_wgs) if c.setmaxnreg else register_cap(lay.threads, c.min_blocks)
+    need = accumulator_registers_tail(c, p)
+    if need > budget:
+        return f"{need} accumulator registers per consumer thread with tail_split > budget {budget} (certain spill)"
+
+
 RULES = (head_dim_chunks, bc_multiple_of_16, pingpong_needs_two_consumers, pingpong_needs_overlap,
          rescale_before_needs_overlap, fused_overlap_needs_split_release, kv_splits_range, split_pack_need_grid,
-         kv_splits_store_direct, setmaxnreg_needs_two_consumers, setmaxnreg_one_block, threads_per_block,
-         threads_per_sm, static_smem_limit, smem_optin_limit, min_blocks_smem, accumulators_fit_registers)
+         kv_splits_store_direct, tail_split_needs_equal_rounds, setmaxnreg_needs_two_consumers, setmaxnreg_one_block,
+         threads_per_block, threads_per_sm, static_smem_limit, smem_optin_limit, min_blocks_smem,
+         accumulators_fit_registers, tail_split_fits_registers)
 
 
 def default(p: Problem, a: Arch) -> Config:
@@ -360,8 +453,9 @@ def decode_default(shape: Shape, arch: Arch) -> Config | None:
 
 # The decode axes come last, and only these rules read them (the layout, and so every resource rule, does not):
 # valid_wgmma_configs checks the other rules once per combination of the other axes, then expands.
-DECODE_AXES = ("kv_splits", "pack_gqa")
-DECODE_RULES = (kv_splits_range, split_pack_need_grid, kv_splits_store_direct)
+DECODE_AXES = ("tail_split", "kv_splits", "pack_gqa")  # tail_split is prefill's, but read by its rule alone too
+DECODE_RULES = (kv_splits_range, split_pack_need_grid, kv_splits_store_direct, tail_split_needs_equal_rounds,
+                tail_split_fits_registers)
 
 
 def valid_wgmma_configs(p: Problem, a: Arch) -> list[Config]:

@@ -30,7 +30,8 @@ SCAN_LIMIT = 20000
 # the rules a config can break alone somewhere in SAMPLE_PROBLEMS (test_rules_that_can_fire_are_sampled checks them)
 ALONE_RULES = {"pingpong_needs_two_consumers", "pingpong_needs_overlap", "rescale_before_needs_overlap",
                "setmaxnreg_needs_two_consumers", "setmaxnreg_one_block", "smem_optin_limit",
-               "accumulators_fit_registers", "split_pack_need_grid", "kv_splits_store_direct"}
+               "accumulators_fit_registers", "split_pack_need_grid", "kv_splits_store_direct",
+               "tail_split_needs_equal_rounds"}
 STATIC_ASSERT_RULE = re.compile(r'static assertion failed with "(\w+):')
 KERNELS = Path(__file__).resolve().parent.parent / "kernels"
 
@@ -64,6 +65,10 @@ def sample() -> tuple[dict, list]:
     valid += [(c.replace(exp2_fma="quarter"), p) for c, p in list(valid)
               if space.is_valid(c.replace(exp2_fma="quarter"), p, ARCH)
               and (c == FAMILY.default(p, ARCH) or c.o_rescale == "before" or c.softmax_reduce == "tree")]
+    # tail_split (a second copy of the tile loop for the cut tiles, and their fp32 partials): every persistent config
+    # above on a problem that allows it (non-causal; the d256 overlapped loop is over its margin)
+    valid += [(c.replace(tail_split=True), p) for c, p in list(valid)
+              if c.scheduler == "persistent" and space.is_valid(c.replace(tail_split=True), p, ARCH)]
     # the decode axes: each problem's decode default (split-KV with packed GQA heads) and packed heads with O staged
     # in shared memory
     for p in PROBLEMS:
@@ -91,6 +96,10 @@ def sample() -> tuple[dict, list]:
         for rule, pick in found.items():
             invalid[rule].append(pick)
         valid += [(c, problem) for c in fine]
+    # tail_split's register rule breaks alone only on a non-causal d256 problem, which the scan does not sample
+    d256 = Problem(256, "fp16", False)
+    over = FAMILY.default(d256, ARCH).replace(scheduler="persistent", tail_split=True)
+    invalid["tail_split_fits_registers"].append((over, d256, tuple(v.rule for v in space.violations(over, d256, ARCH))))
     return invalid, list(dict.fromkeys(valid))
 
 
@@ -117,6 +126,7 @@ def test_sample_has_both_verdicts():
     assert {c.exp2_fma for c, _ in valid} == {"none", "quarter"}
     assert {c.pack_gqa for c, _ in valid} == {True, False}
     assert {c.kv_splits > 1 for c, _ in valid} == {True, False}
+    assert {c.tail_split for c, _ in valid} == {True, False}
 
 
 def test_valid_configs_compile_without_spills(verdicts):

@@ -117,6 +117,18 @@ LADDER = tuple(Config.make("wgmma", **d) for d in (
          min_blocks=1, kv_splits=16, pack_gqa=True),
     dict(consumer_wgs=1, bc=80, stages=5, setmaxnreg=False, overlap=True, pingpong=False, o_store="direct",
          min_blocks=1, kv_splits=2),
+    # tail_split (persistent, non-causal: the last round's tiles cut along the keys and merged by the tail combine;
+    # the many-tiles case is cut): the shipped d128 ping-pong row's config, the d64 rows' three warpgroups without
+    # overlap, overlap with O written from registers, one warpgroup at two CTAs per SM (tests/test_tail_split_gpu.py
+    # adds Relaunch, a CUDA graph and the combine switched off)
+    dict(consumer_wgs=2, bc=128, stages=2, setmaxnreg=True, overlap=True, pingpong=True, o_store="smem", min_blocks=1,
+         scheduler="persistent", o_rescale="before", tail_split=True),
+    dict(consumer_wgs=3, bc=128, stages=3, setmaxnreg=True, overlap=False, pingpong=False, o_store="smem",
+         min_blocks=1, scheduler="persistent", tail_split=True),
+    dict(consumer_wgs=2, bc=128, stages=3, setmaxnreg=True, overlap=True, pingpong=False, o_store="direct",
+         min_blocks=1, scheduler="persistent", tail_split=True),
+    dict(consumer_wgs=1, bc=64, stages=2, setmaxnreg=False, overlap=False, pingpong=False, o_store="direct",
+         min_blocks=2, scheduler="persistent", tail_split=True),
 ))
 PROBLEMS = tuple(Problem(d, dtype, causal) for d in (64, 128) for dtype in space.DTYPES for causal in (False, True))
 
@@ -140,6 +152,10 @@ D256 += tuple((p, Config.make("wgmma", consumer_wgs=2, bc=80, stages=2, setmaxnr
               for p in (Problem(256, dt, c) for dt in space.DTYPES for c in (False, True))
               for ov, pp, r in ((False, False, "after"), (True, False, "before"), (True, False, "fused"),
                                 (False, False, "fused")))
+# tail_split at d256: the loop without overlap (the overlapped one is over its register margin with the tail's copy)
+D256 += tuple((p, Config.make("wgmma", consumer_wgs=2, bc=80, stages=2, setmaxnreg=True, overlap=False, pingpong=False,
+                              o_store="smem", min_blocks=1, scheduler="persistent", tail_split=True))
+              for p in (Problem(256, dt, False) for dt in space.DTYPES))
 PLAN = tuple((p, c) for p in PROBLEMS for c in plan_for(p)) + D256
 
 

@@ -180,7 +180,8 @@ def test_persistent_has_one_more_barrier():
 
 
 # the decode axes came later still: a key without them reads as one split, heads unpacked (the kernel as it was)
-DECODE_DEFAULTS = ",softmax_reduce=chain,exp2_fma=none,kv_splits=1,pack_gqa=0"  # the axes added after scheduler and o_rescale
+# the axes added after scheduler and o_rescale
+DECODE_DEFAULTS = ",softmax_reduce=chain,exp2_fma=none,tail_split=0,kv_splits=1,pack_gqa=0"
 
 
 def test_keys_from_before_the_axis_mean_grid():
@@ -233,10 +234,16 @@ def test_a_landscape_key_out_of_order_is_still_refused():
     # a key from between the decode axes and softmax_reduce: the newer axis goes in its place, not at the end
     decode_era = OLD_KEY + ",scheduler=persistent,o_rescale=before,kv_splits=4,pack_gqa=1"
     assert landscape.upgrade_key(decode_era) == (OLD_KEY + ",scheduler=persistent,o_rescale=before,"
-                                                 "softmax_reduce=chain,exp2_fma=none,kv_splits=4,pack_gqa=1")
-    # and one from before exp2_fma: it goes between softmax_reduce and kv_splits
+                                                 "softmax_reduce=chain,exp2_fma=none,tail_split=0,kv_splits=4,"
+                                                 "pack_gqa=1")
+    # and one from before exp2_fma: it goes between softmax_reduce and kv_splits (with tail_split after it)
     tree_era = OLD_KEY + ",scheduler=persistent,o_rescale=before,softmax_reduce=tree,kv_splits=1,pack_gqa=0"
     assert landscape.upgrade_key(tree_era) == (OLD_KEY + ",scheduler=persistent,o_rescale=before,"
-                                               "softmax_reduce=tree,exp2_fma=none,kv_splits=1,pack_gqa=0")
+                                               "softmax_reduce=tree,exp2_fma=none,tail_split=0,kv_splits=1,pack_gqa=0")
+    # and one from before tail_split: it goes between exp2_fma and kv_splits
+    fma_era = OLD_KEY + (",scheduler=persistent,o_rescale=fused,softmax_reduce=tree,exp2_fma=quarter,kv_splits=1,"
+                         "pack_gqa=0")
+    assert landscape.upgrade_key(fma_era) == (OLD_KEY + ",scheduler=persistent,o_rescale=fused,softmax_reduce=tree,"
+                                              "exp2_fma=quarter,tail_split=0,kv_splits=1,pack_gqa=0")
     assert landscape.upgrade_key(decode_era.replace(",kv_splits=4,pack_gqa=1", ",pack_gqa=1,kv_splits=4")) \
         == decode_era.replace(",kv_splits=4,pack_gqa=1", ",pack_gqa=1,kv_splits=4")  # out of order: as it is

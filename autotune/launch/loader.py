@@ -292,6 +292,8 @@ def _family(name: str) -> space.Family:
 
 # split-KV's merge kernel, in every cubin of both families (kernels/common/split_combine.cuh)
 COMBINE_ENTRY = "flash_fwd_combine"
+# the merge of a tail-split build's cut tiles, in every cubin of the wgmma family (kernels/sm90/flash_fwd.cu)
+TAIL_COMBINE_ENTRY = "flash_fwd_tail_combine"
 COMBINE_ROWS_PER_BLOCK = 4            # one warp per (batch, head, query row), 128 threads (kCombineRowsPerBlock)
 # Launch the combine with programmatic dependent launch on sm_90+ (its launch overlaps the split kernel's tail; the
 # kernel waits for the splits' partials itself, griddepcontrol.wait). On by default since the H200 decode table
@@ -384,7 +386,8 @@ class Relaunch:
             self._combine_config = _programmatic_config(combine.grid, combine.block, 0) if combine.programmatic \
                 else None
         if (combine is None) != (launch.partial_elems is None):
-            raise ValueError("launch: a split-KV launch needs its combine and its partials' sizes (partial_elems)")
+            raise ValueError("launch: a split-KV or tail-split launch needs its combine and its partials' sizes "
+                             "(partial_elems)")
         if launch.partial_elems is not None:
             o_elems, lse_elems = launch.partial_elems
             self._workspace_elems, self._lse_offset = o_elems + lse_elems, o_elems * 4
@@ -481,16 +484,39 @@ class KernelRunner:
             raise ValueError(f"q: batch {shape.batch}{splits} exceeds the grid's z limit {MAX_GRID_YZ}")
         return gx, gy, gz
 
-    def combine(self, shape: InputShape, device: int | None = None) -> Combine | None:
-        """The merge of a split-KV build's partials (flash_fwd_combine, same cubin), or None without splits."""
-        if self.layout.kv_splits == 1:
+    def tail_plan(self, shape: InputShape, grid: tuple[int, int, int]):
+        """How a tail-split build cuts its last round on this shape and grid (space.wgmma.tail_plan), or None:
+        no tail_split, or a shape whose last round runs whole."""
+        if not self.layout.tail_split:
             return None
-        rows = shape.batch * shape.heads * shape.seqlen_q
-        grid = -(-rows // COMBINE_ROWS_PER_BLOCK)
-        if grid > MAX_GRID_X:
-            raise ValueError(f"q: {rows} query rows need {grid} combine blocks (max {MAX_GRID_X})")
-        kernel = load_kernel(self._cubin, COMBINE_ENTRY, 0, device)
-        return Combine(kernel, (grid, 1, 1), (32 * COMBINE_ROWS_PER_BLOCK, 1, 1),
+        from space.wgmma import tail_plan
+
+        tiles = -(-shape.seqlen_q // self.layout.rows_per_block) * shape.heads * shape.batch
+        return tail_plan(tiles, grid[0], -(-shape.seqlen_k // self.config.bc))
+
+    def combine(self, shape: InputShape, device: int | None = None,
+                grid: tuple[int, int, int] | None = None) -> Combine | None:
+        """The merge of a split-KV build's partials (flash_fwd_combine, same cubin), or of a tail-split build's cut
+        tiles (flash_fwd_tail_combine; needs the kernel's `grid`), or None where there is nothing to merge."""
+        if self.layout.kv_splits > 1:
+            rows = shape.batch * shape.heads * shape.seqlen_q
+            entry = COMBINE_ENTRY
+        elif self.layout.tail_split:
+            if grid is None:
+                raise ValueError(f"grid: the tail combine of {self.config.key} needs the kernel's grid (its CTAs "
+                                 "decide the cut)")
+            plan = self.tail_plan(shape, grid)
+            if plan is None:
+                return None
+            rows = plan.tail_tiles * self.layout.rows_per_block
+            entry = TAIL_COMBINE_ENTRY
+        else:
+            return None
+        blocks = -(-rows // COMBINE_ROWS_PER_BLOCK)
+        if blocks > MAX_GRID_X:
+            raise ValueError(f"q: {rows} query rows need {blocks} combine blocks (max {MAX_GRID_X})")
+        kernel = load_kernel(self._cubin, entry, 0, device)
+        return Combine(kernel, (blocks, 1, 1), (32 * COMBINE_ROWS_PER_BLOCK, 1, 1),
                        COMBINE_PROGRAMMATIC and kernel.compute_capability()[0] >= 9)
 
     def prepare(self, q, k, v, o, lse=None, scale: float | None = None, causal_align: str = "upper_left",
@@ -506,7 +532,10 @@ class KernelRunner:
         extra = tuple(encode(t.data_ptr()) for encode, t in zip(encoders, (q, k, v)))
         kernel = self.kernel(q.device.index)
         grid = self.grid(shape, kernel)
-        partials = split_partials(self.layout.kv_splits, shape, q.device)
+        partials = split_partials(self.layout.kv_splits, shape, q.device) or \
+            tail_partials(self.tail_plan(shape, grid), self.layout.rows_per_block, shape.head_dim, q.device)
+        if self.layout.tail_split:
+            params.persistent_ctas = grid[0]
         if partials:
             params.o_partial, params.lse_partial = (t.data_ptr() for t in partials)
         counter = None
@@ -516,7 +545,7 @@ class KernelRunner:
             counter = torch.empty(1, dtype=torch.int32, device=q.device)  # Launch.__call__ zeroes it
             params.tile_counter = counter.data_ptr()
         return Launch(kernel, params, grid, (self.layout.threads, 1, 1), self.layout.smem_dynamic,
-                      (q, k, v, o, lse, seqused_k, *partials), extra, self.combine(shape, q.device.index),
+                      (q, k, v, o, lse, seqused_k, *partials), extra, self.combine(shape, q.device.index, grid),
                       encoders, tuple(t.numel() for t in partials) if partials else None, q.device, counter)
 
     def run(self, q, k, v, o, lse=None, scale: float | None = None, causal_align: str = "upper_left",
@@ -548,6 +577,21 @@ def split_partials(kv_splits: int, shape: InputShape, device) -> tuple:
     # One allocation for both (as Relaunch makes them per call); lse_partial starts at a multiple of 64 floats.
     workspace = torch.empty(o_elems + lse_elems, dtype=torch.float32, device=device)
     return workspace[:o_elems].view(rows + (shape.head_dim,)), workspace[o_elems:].view(rows)
+
+
+def tail_partials(plan, rows_per_block: int, head_dim: int, device) -> tuple:
+    """(o_partial, lse_partial) for a tail-split launch whose last round is cut (plan: space.wgmma.TailPlan): fp32
+    (2 × plan.ctas, rows_per_block, head_dim) and (2 × plan.ctas, rows_per_block), slot 2·cta + piece; () for
+    plan None. Left uninitialised: a CTA writes every existing row of each piece it runs, and the combine reads
+    only those pieces' slots (a CTA with one piece leaves its second slot unused)."""
+    if plan is None:
+        return ()
+    import torch
+
+    rows = (2 * plan.ctas, rows_per_block)
+    o_elems, lse_elems = math.prod(rows) * head_dim, math.prod(rows)
+    workspace = torch.empty(o_elems + lse_elems, dtype=torch.float32, device=device)
+    return workspace[:o_elems].view(rows + (head_dim,)), workspace[o_elems:].view(rows)
 
 
 def attention_with(build, q, k, v, scale: float | None = None, return_lse: bool = False):

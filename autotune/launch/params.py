@@ -46,6 +46,7 @@ class FlashFwdParams(ctypes.Structure):
         ("lse_partial", ctypes.c_void_p),
         ("seqused_k", ctypes.c_void_p),
         ("tile_counter", ctypes.c_void_p),
+        ("persistent_ctas", ctypes.c_int),
     ]
 
 

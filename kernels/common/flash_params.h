@@ -35,4 +35,8 @@ struct FlashFwdParams {
     // every launch); each CTA past its first tile takes the next one of the order from it (atomicAdd). Null, and
     // never read, otherwise. After seqused_k, so the offsets above are those of the block without it.
     int* tile_counter;
+    // Tail-split builds of the wgmma family's persistent scheduler (space.Layout.tail_split): the attention kernel's
+    // gridDim.x, from which flash_fwd_tail_combine works out the same split of the last round as the kernel did. 0,
+    // and never read, otherwise. Last, so the offsets above are those of the block without it.
+    int persistent_ctas;
 };

@@ -33,6 +33,28 @@ __device__ __forceinline__ void allow_combine_launch() {
 #endif
 }
 
+// acc += w × the lane's kCols columns of a partial O row (fp32, float2 loads).
+template <int kCols>
+__device__ __forceinline__ void add_weighted(float (&acc)[kCols], const float* src, float w) {
+#pragma unroll
+    for (int c = 0; c < kCols; c += 2) {
+        const float2 x = *reinterpret_cast<const float2*>(src + c);
+        acc[c] += w * x.x;
+        acc[c + 1] += w * x.y;
+    }
+}
+
+// The lane's kCols columns of O's row (batch, head, qrow), acc × inv in the 16-bit dtype.
+template <int kCols, bool kBf16>
+__device__ __forceinline__ void store_o_row(const FlashFwdParams& p, int batch, int head, int qrow, int lane,
+                                            const float (&acc)[kCols], float inv) {
+    uint16_t* dst = reinterpret_cast<uint16_t*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
+                    static_cast<long long>(qrow) * p.o_row_stride + lane * kCols;
+#pragma unroll
+    for (int c = 0; c < kCols; c += 2)
+        *reinterpret_cast<uint32_t*>(dst + c) = flash_common::pack2<kBf16>(acc[c] * inv, acc[c + 1] * inv);
+}
+
 constexpr int kCombineRowsPerBlock = 4;  // autotune/launch/loader.py: COMBINE_ROWS_PER_BLOCK
 constexpr int kCombineThreads = 32 * kCombineRowsPerBlock;
 constexpr int kMaxSplits = 32;           // one lane of a warp per split
@@ -62,23 +84,13 @@ __device__ __forceinline__ void combine(const FlashFwdParams& p) {
     for (int s = 0; s < kSplits; ++s) {
         const float ws = __shfl_sync(0xffffffff, w, s);
         if (ws == 0.f) continue;
-        const float* src = p.o_partial + (s * rows + row) * kHeadDim + lane * kColsPerLane;
-#pragma unroll
-        for (int c = 0; c < kColsPerLane; c += 2) {
-            const float2 x = *reinterpret_cast<const float2*>(src + c);
-            acc[c] += ws * x.x;
-            acc[c + 1] += ws * x.y;
-        }
+        add_weighted(acc, p.o_partial + (s * rows + row) * kHeadDim + lane * kColsPerLane, ws);
     }
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
     const int qrow = static_cast<int>(row % p.seqlen_q);
     const long long bh = row / p.seqlen_q;
-    const int head = static_cast<int>(bh % p.heads), batch = static_cast<int>(bh / p.heads);
-    uint16_t* dst = reinterpret_cast<uint16_t*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride +
-                    static_cast<long long>(qrow) * p.o_row_stride + lane * kColsPerLane;
-#pragma unroll
-    for (int c = 0; c < kColsPerLane; c += 2)
-        *reinterpret_cast<uint32_t*>(dst + c) = flash_common::pack2<kBf16>(acc[c] * inv, acc[c + 1] * inv);
+    store_o_row<kColsPerLane, kBf16>(p, static_cast<int>(bh / p.heads), static_cast<int>(bh % p.heads), qrow, lane,
+                                     acc, inv);
     if (p.lse != nullptr && lane == 0) p.lse[row] = sum > 0.f ? mx + __logf(sum) : -CUDART_INF_F;
 }
 

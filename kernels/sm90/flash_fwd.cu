@@ -173,9 +173,10 @@ struct Cursor {
     }
 };
 
-// Persistent: run(tile, its first query row, its Q sequence, its index in the order) for each tile of this CTA's
-// share. Only the cursor (and the caller's ring) is carried from tile to tile: the order is recomputed from the
-// parameters (constant bank) each time, which keeps the consumers' loop-carried registers at what one tile needs
+// Persistent: run(tile, its first query row, its Q sequence, its index in the order, key tiles [begin, end), partial
+// slot or -1) for each tile of this CTA's share (and kTailSplit: each piece of a cut tile, tail_pieces). Only the
+// cursor (and the caller's ring) is carried from tile to tile: the order is recomputed from the parameters (constant
+// bank) each time, which keeps the consumers' loop-carried registers at what one tile needs
 // (d256 is at its budget: one more live register across consume() spills there).
 //
 // kTileCounter (causal): the producer takes blockIdx.x first, then gridDim.x + atomicAdd(tile_counter, 1) once it
@@ -185,19 +186,85 @@ struct Cursor {
 // releases, the consumers' wait acquires), and past the last tile it writes an index >= tiles with a plain arrive
 // (no Q): the consumers, which read their tiles from those words, stop there. (consume() waits on the same full
 // barrier again: the phase is complete, so that wait returns at once.)
+// kTailSplit: how the last round is cut. Non-causal tiles all have n key tiles; `ctas` persistent CTAs run
+// full = tiles / ctas whole rounds, and the rest = tiles mod ctas tiles left over are W = rest × n units (one key tile
+// of one tile) that CTAs 0 .. plan.ctas-1 share out as equal contiguous ranges, CTA i taking units
+// [floor(i·W / plan.ctas), floor((i+1)·W / plan.ctas)), at least kTailMinKeyTiles each. Since plan.ctas > rest,
+// a range is at most a tile long and covers pieces of at most two tiles; piece k (0, 1) of CTA i writes its partials
+// to slot 2i + k. No tail (full_end = tiles, ctas = 0) without a full round, without a rest, or with tiles too short
+// to cut. space/wgmma.py: tail_plan is the twin.
+struct TailPlan {
+    int full_end;    // tiles [0, full_end) run whole in the full rounds, [full_end, tiles) are cut
+    int ctas;        // CTAs that take a share of the cut tiles
+    int n;           // key tiles per tile
+    long long units;  // (tiles - full_end) × n
+};
+
+__device__ __forceinline__ TailPlan tail_plan(const FlashFwdParams& p, int tiles, int ctas) {
+    TailPlan t;
+    t.n = (p.seqlen_k + kBc - 1) / kBc;
+    const int full = tiles / ctas, rest = tiles - full * ctas;
+    if (full < 1 || rest == 0 || t.n < 2 * kTailMinKeyTiles) {
+        t.full_end = tiles;
+        t.ctas = 0;
+        t.units = 0;
+        return t;
+    }
+    t.full_end = full * ctas;
+    t.units = static_cast<long long>(rest) * t.n;
+    t.ctas = static_cast<int>(min(static_cast<long long>(ctas), t.units / kTailMinKeyTiles));
+    return t;
+}
+
+// The first unit of CTA i's share, and the CTA whose share holds unit u (the largest i with tail_start(i) <= u).
+__device__ __forceinline__ long long tail_start(const TailPlan& t, int i) {
+    return static_cast<long long>(i) * t.units / t.ctas;
+}
+__device__ __forceinline__ int tail_cta_of(const TailPlan& t, long long u) {
+    return static_cast<int>(((u + 1) * t.ctas - 1) / t.units);
+}
+
+// run(tile, its first query row, its Q sequence, its index in the order, first key tile, key tile end, partial slot):
+// the slot is -1 for a whole tile, whose O is final; a piece of a cut tile writes fp32 partials to its slot.
+template <class Run>
+__device__ __forceinline__ void tail_pieces(const FlashFwdParams& p, uint32_t q_seq, Run&& run) {
+    // One register carried from piece to piece (which piece, and the Q sequence), the rest recomputed from the
+    // parameters, as for_each_tile does: the share's bounds carried across consume() spilled 12 B at 128 registers.
+    const int i = static_cast<int>(blockIdx.x);
+#pragma unroll 1
+    for (uint32_t bits = q_seq; bits < 8u; bits = ((bits & 4u) + 4u) | ((bits + 1) & kQSeqMask)) {
+        const int piece = static_cast<int>(bits >> 2);
+        const TileOrder order = tile_order(p);
+        const TailPlan t = tail_plan(p, order.tiles, static_cast<int>(gridDim.x));
+        if (i >= t.ctas) return;
+        const long long start = tail_start(t, i), end = tail_start(t, i + 1);
+        const int j = static_cast<int>(start / t.n) + piece;  // this piece's tile among the cut ones
+        const long long tile_begin = static_cast<long long>(j) * t.n;
+        if (tile_begin >= end) return;  // a share inside one tile has one piece
+        const Tile work = tile_at(p, order, t.full_end + j);
+        run(work, work.m_block * kBr, bits & kQSeqMask, t.full_end + j,
+            static_cast<int>(max(start, tile_begin) - tile_begin),
+            static_cast<int>(min(static_cast<long long>(t.n), end - tile_begin)), 2 * i + piece);
+    }
+}
+
 template <class Run>
 __device__ __forceinline__ void for_each_tile(const FlashFwdParams& p, Run&& run) {
     if constexpr (kQBuffers == 2) {
         // the Cursor's tile field (above): the last tile it computes is below tiles + 2 CTAs (Cursor::next)
         if (tile_order(p).tiles + 2 * gridDim.x >= (1u << 29)) __trap();
     }
-    for (Cursor c{blockIdx.x << Cursor::kLow};;) {
+    Cursor c{blockIdx.x << Cursor::kLow};
+    for (;;) {
         const TileOrder order = tile_order(p);
-        if (c.tile() >= order.tiles) break;
+        const int end = kTailSplit ? tail_plan(p, order.tiles, static_cast<int>(gridDim.x)).full_end : order.tiles;
+        if (c.tile() >= end) break;
         const Tile work = tile_at(p, order, c.tile());
-        run(work, work.m_block * kBr, c.q_seq(), c.tile());
+        const int work_m0 = work.m_block * kBr;
+        run(work, work_m0, c.q_seq(), c.tile(), 0, num_kv_tiles(p, work_m0, work.batch), -1);
         c.next(gridDim.x);
     }
+    if constexpr (kTailSplit) tail_pieces(p, c.q_seq(), run);
 }
 
 template <class Run>
@@ -214,7 +281,8 @@ __device__ __forceinline__ void producer_tiles(const FlashFwdParams& p, const Sm
                 return;
             }
             const Tile work = tile_at(p, order, t);
-            run(work, work.m_block * kBr, q_seq, t);
+            const int work_m0 = work.m_block * kBr;
+            run(work, work_m0, q_seq, t, 0, num_kv_tiles(p, work_m0, work.batch), -1);
             // claimed only now, with this tile's loads all issued (about `stages` key tiles before the CTA frees
             // up): claimed as the tile started, every CTA held the next tile for a whole tile ahead, long ones too,
             // and the tail grew instead of shrinking (H100, B4 H16 N4096 causal: 450 us against the pairs' 438)
@@ -235,7 +303,8 @@ __device__ __forceinline__ void consumer_tiles(const FlashFwdParams& p, const Sm
             const TileOrder order = tile_order(p);
             if (t >= order.tiles) return;
             const Tile work = tile_at(p, order, t);
-            run(work, work.m_block * kBr, q_seq, t);
+            const int work_m0 = work.m_block * kBr;
+            run(work, work_m0, q_seq, t, 0, num_kv_tiles(p, work_m0, work.batch), -1);
         }
     } else {
         for_each_tile(p, run);
@@ -690,7 +759,7 @@ __device__ __forceinline__ void release_q(const Smem& sm, uint32_t slot) {
 }
 
 // head: the tile's head (packed GQA: the first head of its group); n_begin, n_end: the key tiles of this CTA's
-// split (all of them without split-KV); split: which one.
+// split (all of them without split-KV); split: which one (kTailSplit: the piece's partial slot, -1 for a whole tile).
 __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm, int wg, int m0, int head,
                                         int batch, int n_begin, int n_end, int split, Ring& ring, uint32_t q_seq) {
     const int tid = threadIdx.x % 128;
@@ -880,14 +949,18 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     }
 
     using Elem = uint16_t;
-    if constexpr (kSplit) {
-        // This split's share: O normalised by its own row sum, and its logsumexp, both fp32, for flash_fwd_combine.
+    if (kSplit || (kTailSplit && split >= 0)) {
+        // This split's share (or this piece's of a cut tile): O normalised by its own row sum, and its logsumexp,
+        // both fp32, for flash_fwd_combine (flash_fwd_tail_combine). The O staged path's Q-slot release is below.
+        if constexpr (kPersistent && kOStoreSmem) release_q(sm, q_slot);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const RowOf row = row_of(p, wg_q0, head, local_row0 + 8 * h);
             if (!row.valid) continue;
-            const long long r = ((static_cast<long long>(split) * p.batch + batch) * p.heads + row.head) *
-                                    p.seqlen_q + row.qrow;
+            const long long r =
+                kSplit ? ((static_cast<long long>(split) * p.batch + batch) * p.heads + row.head) * p.seqlen_q +
+                             row.qrow
+                       : static_cast<long long>(split) * kBr + wg * kRowsPerWG + local_row0 + 8 * h;
             float* dst = p.o_partial + r * kHeadDim + 2 * (lane % 4);
 #pragma unroll
             for (int j = 0; j < kHeadDim / 8; ++j)
@@ -974,7 +1047,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     sm.k = sm.q + kQBuffers * kQBytes;
     sm.v = sm.k + kStages * kKVTileBytes;
     sm.bars = sm.v + kStages * kKVTileBytes;
-    if constexpr (kSplit) split_kv::allow_combine_launch();  // the combine's launch may overlap this kernel
+    // the combine's launch may overlap this kernel
+    if constexpr (kSplit || kTailSplit) split_kv::allow_combine_launch();
 
     // One tile per CTA (grid, lpt): which one, worked out before the barrier set-up as it always was (unused, and
     // compiled away, when persistent: each role walks its own sequence below).
@@ -1051,21 +1125,75 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
         if (warpgroup == 0) {
             if constexpr (kSetMaxNReg) setmaxnreg_dec<kProducerRegs>();
             if (threadIdx.x == 0)
-                producer_tiles(p, sm, [&](const Tile& work, int work_m0, uint32_t q_seq, int index) {
+                producer_tiles(p, sm, [&](const Tile& work, int work_m0, uint32_t q_seq, int index, int n_from,
+                                          int n_to, int) {
                     produce(p, sm, &tm_q, &tm_k, &tm_v, work_m0, work.head, work.head / (p.heads / p.kv_heads),
-                            work.batch, 0, num_kv_tiles(p, work_m0, work.batch), ring, q_seq, index);
+                            work.batch, n_from, n_to, ring, q_seq, index);
                 });
         } else {
             if constexpr (kSetMaxNReg) setmaxnreg_inc<kConsumerRegs>();
             const Turns turns{warpgroup - 1};
             turns.open();
-            consumer_tiles(p, sm, [&](const Tile& work, int work_m0, uint32_t q_seq, int) {
-                consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, 0, num_kv_tiles(p, work_m0, work.batch),
-                        0, ring, q_seq);
+            consumer_tiles(p, sm, [&](const Tile& work, int work_m0, uint32_t q_seq, int, int n_from, int n_to,
+                                      int slot) {
+                consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, n_from, n_to, slot, ring, q_seq);
             });
             turns.close();
         }
     }
+}
+
+namespace sm90 {
+
+// kTailSplit's second step: one warp per row of a cut tile merges the pieces that CTAs tail_cta_of(first unit) ..
+// tail_cta_of(last unit) wrote (a CTA's piece of tile j is its slot 2i if its share starts in j, else 2i + 1), as
+// split_kv::combine merges splits: O = Σ w_k O_k / Σ w_k with w_k = exp(lse_k - max lse). Rows past seqlen_q, which
+// no piece wrote, are skipped. Launch: grid ceil(cut tiles × kBr / kCombineRowsPerBlock), block kCombineThreads,
+// p.persistent_ctas = the attention kernel's gridDim.x (the plan depends on it).
+__device__ __forceinline__ void tail_combine(const FlashFwdParams& p) {
+    split_kv::wait_for_splits();
+    const TileOrder order = tile_order(p);
+    const TailPlan t = tail_plan(p, order.tiles, p.persistent_ctas);
+    const long long row = static_cast<long long>(blockIdx.x) * split_kv::kCombineRowsPerBlock + threadIdx.x / 32;
+    if (t.ctas == 0 || row >= static_cast<long long>(order.tiles - t.full_end) * kBr) return;
+    const int j = static_cast<int>(row / kBr), local = static_cast<int>(row - static_cast<long long>(j) * kBr);
+    const Tile work = tile_at(p, order, t.full_end + j);
+    const int qrow = work.m_block * kBr + local;
+    if (qrow >= p.seqlen_q) return;
+    const int lane = threadIdx.x % 32;
+    const long long first = static_cast<long long>(j) * t.n;
+    const int i0 = tail_cta_of(t, first), i1 = tail_cta_of(t, first + t.n - 1);
+    auto slot_row = [&](int i) {
+        return (2ll * i + (tail_start(t, i) < first ? 1 : 0)) * kBr + local;
+    };
+    float mx = -CUDART_INF_F;
+    for (int i = i0 + lane; i <= i1; i += 32) mx = fmaxf(mx, p.lse_partial[slot_row(i)]);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, off));
+    constexpr int kColsPerLane = kHeadDim / 32;
+    float acc[kColsPerLane];
+#pragma unroll
+    for (int c = 0; c < kColsPerLane; ++c) acc[c] = 0.f;
+    float sum = 0.f;
+    for (int i = i0; i <= i1; ++i) {
+        const long long r = slot_row(i);
+        const float lse_i = p.lse_partial[r];
+        if (lse_i == -CUDART_INF_F) continue;  // a piece that saw no key weighs 0 (not reached without masking)
+        const float w = __expf(lse_i - mx);
+        sum += w;
+        split_kv::add_weighted(acc, p.o_partial + r * kHeadDim + lane * kColsPerLane, w);
+    }
+    split_kv::store_o_row<kColsPerLane, kBf16>(p, work.batch, work.head, qrow, lane, acc, sum > 0.f ? 1.f / sum : 0.f);
+    if (p.lse != nullptr && lane == 0)
+        p.lse[(static_cast<long long>(work.batch) * p.heads + work.head) * p.seqlen_q + qrow] =
+            sum > 0.f ? mx + __logf(sum) : -CUDART_INF_F;
+}
+
+}  // namespace sm90
+
+extern "C" __global__ void __launch_bounds__(split_kv::kCombineThreads)
+    flash_fwd_tail_combine(const __grid_constant__ FlashFwdParams p) {
+    if constexpr (kTailSplit) tail_combine(p);
 }
 
 // Split-KV's second step (kernels/common/split_combine.cuh, shared with the mma_sync family): the loader launches

@@ -9,8 +9,9 @@
 #error "wgmma family: build through space.defines(config, problem); a macro is missing"
 #endif
 
-#if !defined(AT_KV_SPLITS) || !defined(AT_PACK_GQA) || !defined(AT_SOFTMAX_TREE) || !defined(AT_EXP2_FMA_EVERY)
-#error "wgmma family: build through space.defines(config, problem); AT_KV_SPLITS, AT_PACK_GQA, AT_SOFTMAX_TREE or AT_EXP2_FMA_EVERY is missing"
+#if !defined(AT_KV_SPLITS) || !defined(AT_PACK_GQA) || !defined(AT_SOFTMAX_TREE) || !defined(AT_EXP2_FMA_EVERY) ||     \
+    !defined(AT_TAIL_SPLIT)
+#error "wgmma family: build through space.defines(config, problem); a decode or late axis macro is missing"
 #endif
 
 // Optional (absent from every build but space.Problem(seqused_k=True)'s): a per-batch-row used key length read from
@@ -63,6 +64,13 @@ constexpr bool kPersistent = kScheduler == 2;
 // enough CTAs on the SMs when batch × heads × query blocks is small (decode against a long cache).
 constexpr int kSplits = AT_KV_SPLITS;
 constexpr bool kSplit = kSplits > 1;
+// Tail split (persistent, non-causal): equal tiles in fixed rounds of gridDim.x leave the last round part-empty (d128
+// N4096: 2048 tiles on 132 CTAs = 15.52 rounds, 3 % of the kernel idle; a DiT's 864: 6.5 %). With it the full rounds
+// run as before and the last round's tiles are cut along the keys into about equal pieces, one or two per CTA, over
+// all the CTAs (stream-K's tail); each piece writes fp32 partials that flash_fwd_tail_combine merges by their
+// logsumexp. flash_fwd.cu: tail_plan; space/wgmma.py: tail_plan.
+constexpr bool kTailSplit = AT_TAIL_SPLIT != 0;
+constexpr int kTailMinKeyTiles = 2;  // the smallest piece, in key tiles (space/wgmma.py: TAIL_MIN_KEY_TILES)
 // Packed GQA: the heads/kv_heads query heads that share one K/V head are the rows of one tile (local row r is query
 // row r / G of head r % G, G = heads / kv_heads), grid.y runs over K/V heads: a decode step reads each K/V tile once
 // per K/V head instead of once per query head, and wgmma's 64 rows are filled by heads. Q is then loaded by the
@@ -134,11 +142,14 @@ constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
 // persistent overlapped loop at d256 causal spills with o_rescale=after too (4-64 B for Bc 64/80 on ptxas 13.0, before
 // and after K/V got separate releases), so the 72 applies there as well; d128 causal at Bc 192 has no spill at 32.
 // softmax_reduce=tree's partials spill the persistent overlapped d256 loop too (non-causal, o_rescale=after), and so
-// do exp2_fma's polynomial temporaries (Bc 80: 24 B).
-constexpr int kRegOverhead =
-    kOverlap ? (kPersistent && (kRescaleBefore ||
-                                (kHeadDim == 256 && (kCausal || kSoftmaxTree || kExp2FmaEvery > 0))) ? 72 : 32) : 8;
+// do exp2_fma's polynomial temporaries (Bc 80: 24 B), and tail_split's second copy of the tile loop (the d256
+// default: 56 B; its own rule, tail_split_fits_registers, so that the other rules never read the tail axes).
+constexpr bool kTightRegs = kOverlap && kPersistent &&
+                            (kRescaleBefore || (kHeadDim == 256 && (kCausal || kSoftmaxTree || kExp2FmaEvery > 0)));
+constexpr bool kTightRegsTail = kOverlap && kPersistent && kHeadDim == 256 && kTailSplit;
+constexpr int kRegOverhead = kTightRegs ? 72 : kOverlap ? 32 : 8;
 constexpr int kAccumulatorRegs = kBc / 2 + kHeadDim / 2 + kBc / 4 + kRegOverhead;
+constexpr int kAccumulatorRegsTail = kBc / 2 + kHeadDim / 2 + kBc / 4 + (kTightRegsTail ? 72 : kRegOverhead);
 constexpr int kConsumerRegBudget = kSetMaxNReg ? kConsumerRegs : kRegCap;
 
 // ---- rules (names as in space/wgmma.py) ----------------------------------------------------------------------------
@@ -167,6 +178,9 @@ static_assert(!(kSplit || kPackGqa) || kScheduler == 0,
               "split_pack_need_grid: kv_splits > 1 and pack_gqa index tiles by the grid (blockIdx.y, blockIdx.z)");
 static_assert(!kSplit || !kOStoreSmem,
               "kv_splits_store_direct: split partials are fp32, written from the accumulators (o_store=direct)");
+static_assert(!kTailSplit || (kPersistent && !kCausal && !kSeqUsedK),
+              "tail_split_needs_equal_rounds: tail_split cuts the last of the persistent scheduler's fixed rounds of "
+              "equal tiles (not causal, whose CTAs take tiles from a counter, nor seqused_k)");
 static_assert(kThreads <= 1024, "threads_per_block: at most 1024 threads per block");
 static_assert(kThreads * kMinBlocks <= 2048, "threads_per_sm: THREADS × MIN_BLOCKS must fit the SM's thread slots");
 static_assert(kSmemStatic <= 48 * 1024, "static_smem_limit: static shared memory is limited to 48 KB");
@@ -176,6 +190,9 @@ static_assert(kMinBlocks == 1 || kMinBlocks * (kSmemStatic + kSmemDynamic + 1024
               "min_blocks_smem: MIN_BLOCKS CTAs must fit the SM's shared memory together");
 static_assert(kAccumulatorRegs <= kConsumerRegBudget,
               "accumulators_fit_registers: S + O + P per thread exceed the consumer register budget (certain spill)");
+static_assert(kAccumulatorRegsTail <= kConsumerRegBudget,
+              "tail_split_fits_registers: S + O + P per thread exceed the consumer register budget with the tail's "
+              "second tile loop (certain spill)");
 
 // ---- the launch contract ------------------------------------------------------------------------------------------
 static_assert(AT_EXPECT_THREADS == kThreads, "layout_threads: space/ and the traits disagree on threads per block");
