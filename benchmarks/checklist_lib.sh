@@ -13,10 +13,11 @@ step() {  # step NAME SECONDS CMD...: run, keep the log, print its tail
 }
 gpu_matrix() {  # gpu_matrix STEP LIMIT_S MODULE...: tests/ modules' GPU matrices in one pytest, their kernels built
   # first in one process. MATRIX_SELECT=AXIS=VALUE: only the configs with that axis value (built and tested; the
-  # test ids hold the config's values, so pytest -k VALUE picks them)
+  # test ids hold the config's values, so pytest -k VALUE picks them); MATRIX_K: the -k expression instead, where
+  # the value alone is not unique in the ids (a bool axis: True is built, its id says 1)
   local name=$1 limit=$2; shift 2
   local select=()
-  [ -n "${MATRIX_SELECT:-}" ] && select=(-k "${MATRIX_SELECT#*=}")
+  [ -n "${MATRIX_SELECT:-}" ] && select=(-k "${MATRIX_K:-${MATRIX_SELECT#*=}}")
   prebuild_plans "$@"
   TAIL=8 step "$name" "$limit" python3 -m pytest -q -m gpu -n 8 -p no:cacheprovider $(printf "tests/%s.py " "$@") \
     --maxfail=30 "${select[@]}"

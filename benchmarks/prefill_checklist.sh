@@ -96,6 +96,17 @@
 #   bash benchmarks/prefill_checklist.sh chunk-retune  the GQA chunk row searched, seeded with Bc 192/176 grid and P,
 #                                                   exported over the shipped table into /tmp/h200-merged.json
 #                                                   (what `peers` then runs on this host) and $OUT/h200.json
+#   bash benchmarks/prefill_checklist.sh tail       tail_split (the persistent last round cut along the keys, merged
+#                                                   by flash_fwd_tail_combine): the wgmma GPU matrix's tail_split rows
+#                                                   (each also on a cut shape), tests/test_tail_split_gpu.py and
+#                                                   tests/test_tile_counter_gpu.py; TAIL_NCU=1 adds `tail-ncu`
+#   bash benchmarks/prefill_checklist.sh tail-ncu   ncu's duration of P without and with the cut on the d128 and DiT
+#                                                   rows (the tail combine is its own column)
+#   bash benchmarks/prefill_checklist.sh tail-table  the peers rows the cut applies to searched with their shipped
+#                                                   config and its tail_split twin enqueued (the search's retimes
+#                                                   pick), then the GQA chunk as chunk-retune does, each exported over
+#                                                   the shipped table into /tmp/h200-merged.json (what `peers` then
+#                                                   runs on this host) and $OUT/h200.json
 #   bash benchmarks/prefill_checklist.sh ncu        the ncu part alone (FlashAttention-4 installed by `peers` on
 #                                                   this host)
 # Each step has its own time limit so one slow step cannot take the others' share.
@@ -241,6 +252,41 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
     TAIL=5 step chunk_export 30 python3 -m autotune.cli export /tmp/h200-merged.json --gpu h200 --storage "$db" --merge
     rm -f "$OUT"/.autotune-*.lock
     cp /tmp/h200-merged.json "$OUT/h200.json" ;;
+  tail)
+    # the tail cut (2026-12-06): its matrix rows (the ids of the ladder's tail configs end exp2_fma, tail_split,
+    # kv_splits, pack_gqa = none-1-1-0; no other config's do), its own test and the counter's (whose CUDA-graph part
+    # has not run yet), then ncu: P without and with the cut, alternated, on the two rows the model gives most
+    MATRIX_SELECT=tail_split=True MATRIX_K=none-1-1-0 gpu_matrix wgmma_tail_tests 240 test_wgmma_gpu
+    TAIL=8 step tail_tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_tail_split_gpu.py \
+      tests/test_tile_counter_gpu.py
+    [ -n "${TAIL_NCU:-}" ] && bash "$0" tail-ncu ;;
+  tail-ncu)
+    for shape in b4-h16-n4096-d128-fp16-full b1-h24-n4608-d128-bf16-full; do
+      TAIL=14 step "ncu_tail_$shape" 150 benchmarks/ncu_compare.sh "$shape" "$OUT/ncu-tail-$shape" --ours-only \
+        --configs-only --config "$SHIP_P" --config "$SHIP_P,tail_split=1" --config "$SHIP_P" --config "$SHIP_P,tail_split=1"
+    done ;;
+  tail-table)
+    # the rows whose shipped config is persistent and non-causal and whose last round the plan cuts (the N1024 and
+    # N512 rows' is not: their search would only re-time the shipped config), each searched with that config and its
+    # tail_split twin enqueued: the search's retimes alternate them and the export keeps the faster; then the GQA
+    # chunk as `chunk-retune` does (3 trials). Exported after each search, so a run cut short keeps what it finished.
+    db=sqlite:///$OUT/tail.db
+    [ -f /tmp/h200-merged.json ] || cp studies/tuned/h200.json /tmp/h200-merged.json
+    VIT=$SHIP_T,stages=4
+    for row in "4 16 4096 4096 128 fp16 2 $SHIP_P,tail_split=1|$SHIP_P" "1 24 4608 4608 128 bf16 2 $SHIP_P,tail_split=1|$SHIP_P" \
+               "4 16 4096 4096 128 bf16 2 $SHIP_P,tail_split=1|$SHIP_P" "4 32 4096 4096 64 fp16 2 $SHIP_T,tail_split=1|$SHIP_T" \
+               "64 16 577 577 64 bf16 2 $VIT,tail_split=1|$VIT" "1 32 512 8192 128 bf16 3 $G2,bc=192|$G2,bc=176|$SHIP_P"; do
+      read -r b h n nk d dt trials configs <<< "$row"
+      kv=$h; [ "$nk" = 8192 ] && kv=8
+      enqueue=(); IFS='|' read -ra keys <<< "$configs"; for key in "${keys[@]}"; do enqueue+=(--enqueue "$key"); done
+      TAIL=4 step "tail_search_b$b-h$h-n$n-k$nk-d$d-$dt" 200 python3 -m autotune.cli search --seqlen "$n" \
+        --seqlen-k "$nk" --batch "$b" --heads "$h" --kv-heads "$kv" --head-dim "$d" --dtype "$dt" --family wgmma \
+        --trials "$trials" --retime 4 --storage "$db" "${enqueue[@]}"
+      TAIL=3 step "tail_export_$n-$d-$dt" 30 python3 -m autotune.cli export /tmp/h200-merged.json --gpu h200 \
+        --storage "$db" --merge
+      rm -f "$OUT"/.autotune-*.lock
+      cp /tmp/h200-merged.json "$OUT/h200.json"
+    done ;;
   verify-counter)
     # causal persistent CTAs taking tiles from a counter: the wgmma GPU matrix, the counter's own test, then ncu's
     # duration of the shipped P config on both causal d128 rows and a non-causal control, this checkout against

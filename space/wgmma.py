@@ -123,6 +123,9 @@ def tile_word_bytes(c: Config, p: Problem) -> int:
 
 
 TAIL_MIN_KEY_TILES = 2  # the smallest piece of a cut tile, in key tiles (traits.cuh: kTailMinKeyTiles)
+# What a piece costs beyond its key tiles (second Q load and prologue, fp32 partials, the combine's share), in key
+# tiles: a model's figure, not a measurement (traits.cuh: kTailPieceCost)
+TAIL_PIECE_COST = 2
 
 
 @dataclass(frozen=True)
@@ -171,14 +174,18 @@ class TailPlan:
 
 def tail_plan(tiles: int, ctas: int, key_tiles: int) -> TailPlan | None:
     """The cut of a tail-split kernel's last round, or None where it runs whole as without the axis: fewer tiles
-    than one full round, no tile left over, or tiles shorter than two pieces (2 × TAIL_MIN_KEY_TILES key tiles).
+    than one full round, no tile left over, tiles shorter than two pieces (2 × TAIL_MIN_KEY_TILES key tiles), or a
+    longest share that with TAIL_PIECE_COST is not shorter than a whole tile (a nearly full last round, short tiles).
     Otherwise as many CTAs as have TAIL_MIN_KEY_TILES units each, at most all of them."""
     if ctas < 1 or tiles < 1 or key_tiles < 1:
         raise ValueError(f"tail_plan: tiles, ctas and key_tiles must be >= 1, got {tiles}, {ctas}, {key_tiles}")
     full, rest = divmod(tiles, ctas)
     if full < 1 or rest == 0 or key_tiles < 2 * TAIL_MIN_KEY_TILES:
         return None
-    return TailPlan(full * ctas, rest, min(ctas, rest * key_tiles // TAIL_MIN_KEY_TILES), key_tiles)
+    plan = TailPlan(full * ctas, rest, min(ctas, rest * key_tiles // TAIL_MIN_KEY_TILES), key_tiles)
+    if -(-plan.units // plan.ctas) + TAIL_PIECE_COST >= key_tiles:
+        return None
+    return plan
 
 
 def num_barriers(c: Config, p: Problem) -> int:

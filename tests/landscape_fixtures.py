@@ -77,13 +77,13 @@ def row_for(config: space.Config, shape: space.Shape = SHAPE, status: str | None
 
 def prefill_slice(configs) -> list:
     """The configs with the decode axes at their defaults (one split, heads unpacked), 2-4 stages, the softmax's
-    reductions as one chain and every exponential on MUFU: the space as it was before those axes, about a tenth of today's. The synthetic
+    reductions as one chain, every exponential on MUFU and no tail split: the space as it was before those axes, about a tenth of today's. The synthetic
     landscapes hold this slice, which keeps every replay, drill and simulation of the search machinery at the cost
     it had; a replay samples only the axis values its landscape holds, so nothing else is ever asked."""
     return [c for c in configs
             if getattr(c, "kv_splits", 1) == 1 and not getattr(c, "pack_gqa", False) and getattr(c, "stages", 2) <= 4
             and getattr(c, "softmax_reduce", "chain") == "chain" and getattr(c, "exp2_fma", "none") == "none"
-            and getattr(c, "o_rescale", "after") != "fused"]
+            and getattr(c, "o_rescale", "after") != "fused" and not getattr(c, "tail_split", False)]
 
 
 def synthetic_landscape(shape: space.Shape = SHAPE, families=("wgmma",), limit: int | None = None,

@@ -223,9 +223,10 @@ def test_the_closing_table_text_and_markdown():
     assert md[1] == "|---|---|---|---|---|---|---|"
     assert md[2] == (f"| {S1.key} | {campaign_table.short_config(WIN.key)} | 512.2 | 510.0 / 514.5 | 1.02× sdpa_cudnn "
                      "| 12 | 17.5 |")
+    # the axes added after o_rescale at their defaults
     assert campaign_table.short_config("wgmma:consumer_wgs=2,bc=128,stages=3,setmaxnreg=1,overlap=1,pingpong=0,"
                                        "o_store=smem,min_blocks=1,scheduler=grid,o_rescale=after") == \
-        "wgmma cw2 bc128 st3 se1 ov1 pi0 os=smem mb1 sc=grid or=after sr=chain ef=none ks1 pg0"  # later axes at their defaults
+        "wgmma cw2 bc128 st3 se1 ov1 pi0 os=smem mb1 sc=grid or=after sr=chain ef=none ts0 ks1 pg0"
 
 
 def test_the_closing_table_against_a_named_peer():

@@ -8,7 +8,7 @@ import pytest
 import space
 import space.wgmma  # noqa: F401  (registers the family)
 from space import Config, Problem
-from space.wgmma import TAIL_MIN_KEY_TILES, TailPlan, tail_plan
+from space.wgmma import TAIL_MIN_KEY_TILES, TAIL_PIECE_COST, TailPlan, tail_plan
 
 ARCH = space.get_arch("sm_90")
 # the shipped d128 ping-pong config (persistent), with the tail cut
@@ -29,6 +29,10 @@ def test_every_unit_of_the_cut_tiles_is_run_once_in_pieces_of_two_tiles_at_most(
     plan = tail_plan(tiles, ctas, key_tiles)
     full, rest = divmod(tiles, ctas)
     if full < 1 or rest == 0 or key_tiles < 2 * TAIL_MIN_KEY_TILES:
+        assert plan is None
+        return
+    share = -(-rest * key_tiles // min(ctas, rest * key_tiles // TAIL_MIN_KEY_TILES))
+    if share + TAIL_PIECE_COST >= key_tiles:  # not worth a second Q load, the partials and the combine
         assert plan is None
         return
     assert plan.full_end == full * ctas and plan.tail_tiles == rest and plan.ctas <= ctas
@@ -55,6 +59,9 @@ def test_a_round_that_is_whole_or_absent_is_not_cut():
     assert tail_plan(128, 128, 64) is None   # the persistent grid is min(tiles, CTAs): fewer tiles, one round
     assert tail_plan(264, 132, 32) is None
     assert tail_plan(200, 132, 3) is None    # three key tiles cannot make two pieces of two
+    assert tail_plan(512, 132, 8) is None    # B1 H64 N1024: 116 of 132 tiles in the last round, shares of 8 - 1
+    assert tail_plan(768, 132, 4) is None    # N512 d64 (Br 192): shares of 4 key tiles, the tile's own length
+    assert tail_plan(4096, 132, 5) is not None  # the ViT: 4 tiles of 5 key tiles left, shares of 2 on 10 CTAs
     with pytest.raises(ValueError, match="tail_plan"):
         tail_plan(200, 0, 32)
 

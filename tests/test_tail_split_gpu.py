@@ -28,9 +28,10 @@ CONFIGS = (
     Config.from_key(BASE).replace(consumer_wgs=1, bc=64, stages=2, setmaxnreg=False, overlap=False, pingpong=False,
                                   o_store="direct", min_blocks=2, o_rescale="after"),
 )
-# 8 query blocks of 128 rows (16 of 64) × 48 heads: 384 (768) tiles, more than one round of 132 (264) CTAs and not a
-# whole number of rounds; 1500 keys are 12 (24) key tiles
-SHAPE = Shape(batch=3, heads=16, kv_heads=4, seqlen_q=1000, seqlen_k=1500, head_dim=128, dtype="bf16", causal=False)
+# 8 query blocks of 128 rows (16 of 64) × 38 heads: 304 (608) tiles, two rounds of 132 (264) CTAs and 40 (80) tiles
+# left over; 1500 keys are 12 (24) key tiles, so the 40 (80) tiles are cut into shares of 4 (8) (space.wgmma.tail_plan)
+SHAPE = Shape(batch=1, heads=38, kv_heads=19, seqlen_q=1000, seqlen_k=1500, head_dim=128, dtype="bf16", causal=False)
+GROUP = SHAPE.heads // SHAPE.kv_heads
 
 
 @pytest.mark.gpu
@@ -49,12 +50,12 @@ def test_the_cut_tiles_are_merged_by_the_tail_combine(build_cache_dir, monkeypat
     q, k, v = make_inputs(SHAPE, "bhnd", seed=11)
     ref = _torch_sdpa(q.float(), k.float(), v.float(), False, None)
     want = ref.to(q.dtype)
-    scores = torch.einsum("bhqd,bhkd->bhqk", q.float(), k.float().repeat_interleave(4, dim=1)) * 128 ** -0.5
+    scores = torch.einsum("bhqd,bhkd->bhqk", q.float(), k.float().repeat_interleave(GROUP, dim=1)) * 128 ** -0.5
     want_lse = torch.logsumexp(scores, dim=-1)
     o = torch.empty_like(q)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     launch = runner.prepare(q, k, v, o, lse)
-    plan = runner.tail_plan(loader.InputShape(3, 16, 4, 1000, 1500, 128, "bf16"), launch.grid)
+    plan = runner.tail_plan(loader.InputShape(1, 38, 19, 1000, 1500, 128, "bf16"), launch.grid)
     assert plan is not None and launch.combine is not None, (launch.grid, plan)
     assert launch.params.persistent_ctas == launch.grid[0]
 
@@ -87,8 +88,8 @@ def test_the_cut_tiles_are_merged_by_the_tail_combine(build_cache_dir, monkeypat
     o.fill_(float("nan"))
     launch()
     torch.cuda.synchronize()
-    order = space.wgmma.tile_order(3, 16, 4, 1000, 1500, 128, space.wgmma.br(config), False)
-    cut = torch.zeros(3, 16, 1000, dtype=torch.bool, device=o.device)
+    order = space.wgmma.tile_order(1, 38, 19, 1000, 1500, 128, space.wgmma.br(config), False)
+    cut = torch.zeros(1, 38, 1000, dtype=torch.bool, device=o.device)
     rows = space.wgmma.br(config)
     for m_block, head, batch in order[plan.full_end:]:
         cut[batch, head, m_block * rows:(m_block + 1) * rows] = True

@@ -133,7 +133,7 @@ LADDER = tuple(Config.make("wgmma", **d) for d in (
 PROBLEMS = tuple(Problem(d, dtype, causal) for d in (64, 128) for dtype in space.DTYPES for causal in (False, True))
 
 
-from gpu_cases import CASES  # noqa: E402  (shared by both families' matrices)
+from gpu_cases import CASES, Case, assert_matches_reference  # noqa: E402  (shared by both families' matrices)
 
 
 def plan_for(problem: Problem) -> list[Config]:
@@ -157,6 +157,11 @@ D256 += tuple((p, Config.make("wgmma", consumer_wgs=2, bc=80, stages=2, setmaxnr
                               o_store="smem", min_blocks=1, scheduler="persistent", tail_split=True))
               for p in (Problem(256, dt, False) for dt in space.DTYPES))
 PLAN = tuple((p, c) for p in PROBLEMS for c in plan_for(p)) + D256
+# tail_split's configs also run a shape whose persistent last round is cut (space.wgmma.tail_plan: 40 of 132 tiles
+# left over with 128-row tiles, 80 of 264 with 64-row ones, 96 of 132 with 192-row ones; none of CASES is cut)
+TAIL_CASE = Case("q1000-k1500-gqa-cut-tail-bnhd", space.Shape(batch=1, heads=38, kv_heads=19, seqlen_q=1000,
+                                                             seqlen_k=1500), "bnhd", lse=True)
+TAIL_PLAN = tuple((p, c) for p, c in PLAN if c.tail_split)
 
 
 def _short(config: Config) -> str:
@@ -189,6 +194,18 @@ def test_persistent_plan_has_one_and_two_q_slots():
     slots = {(space.wgmma.q_buffers(c, p), p.head_dim) for p, c in PLAN if c.scheduler == "persistent"}
     assert {s for s, _ in slots} == {1, 2}, slots
     assert {(2, 64), (2, 128), (1, 128), (1, 256)} <= slots, slots
+
+
+def test_the_tail_case_is_cut_for_every_tail_config():
+    from space.wgmma import tail_plan
+
+    assert len(TAIL_PLAN) >= 12
+    shape = TAIL_CASE.shape
+    for problem, config in TAIL_PLAN:
+        rows = space.wgmma.br(config)
+        tiles = -(-shape.seqlen_q // rows) * shape.heads * shape.batch
+        ctas = 132 * config.min_blocks  # an H100's or H200's SMs, the CTAs each holds of these configs
+        assert tail_plan(tiles, ctas, -(-shape.seqlen_k // config.bc)) is not None, (problem.key, config.key)
 
 
 def test_tensor_maps_follow_the_config():
@@ -239,3 +256,10 @@ def test_wgmma_matches_reference(builds, worker, problem, config, case):
     check = result.value
     assert check.ok, f"{config.key} on {shape.key} ({case.layout}, seed {seed}): {check.message}"
     assert check.unwritten == 0 and check.nan_count == 0 and check.out_of_bounds == 0
+
+
+@pytest.mark.parametrize("problem,config", TAIL_PLAN, ids=[f"{p.key}-{_short(c)}" for p, c in TAIL_PLAN])
+@pytest.mark.gpu
+@pytest.mark.skipif(not IS_HOPPER, reason="needs a Hopper (sm_90) GPU")
+def test_tail_split_cut_matches_reference(builds, worker, problem, config):
+    assert_matches_reference(worker, builds[(problem, config)], problem, config, TAIL_CASE, CHECK_TIMEOUT_S)

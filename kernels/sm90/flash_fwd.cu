@@ -191,8 +191,9 @@ struct Cursor {
 // of one tile) that CTAs 0 .. plan.ctas-1 share out as equal contiguous ranges, CTA i taking units
 // [floor(i·W / plan.ctas), floor((i+1)·W / plan.ctas)), at least kTailMinKeyTiles each. Since plan.ctas > rest,
 // a range is at most a tile long and covers pieces of at most two tiles; piece k (0, 1) of CTA i writes its partials
-// to slot 2i + k. No tail (full_end = tiles, ctas = 0) without a full round, without a rest, or with tiles too short
-// to cut. space/wgmma.py: tail_plan is the twin.
+// to slot 2i + k. No tail (full_end = tiles, ctas = 0) without a full round, without a rest, with tiles too short to
+// cut, or where the longest share plus kTailPieceCost is not shorter than a tile. space/wgmma.py: tail_plan is the
+// twin.
 struct TailPlan {
     int full_end;    // tiles [0, full_end) run whole in the full rounds, [full_end, tiles) are cut
     int ctas;        // CTAs that take a share of the cut tiles
@@ -210,9 +211,15 @@ __device__ __forceinline__ TailPlan tail_plan(const FlashFwdParams& p, int tiles
         t.units = 0;
         return t;
     }
-    t.full_end = full * ctas;
     t.units = static_cast<long long>(rest) * t.n;
     t.ctas = static_cast<int>(min(static_cast<long long>(ctas), t.units / kTailMinKeyTiles));
+    if ((t.units + t.ctas - 1) / t.ctas + kTailPieceCost >= t.n) {  // a share is not worth cutting a tile for
+        t.full_end = tiles;
+        t.ctas = 0;
+        t.units = 0;
+        return t;
+    }
+    t.full_end = full * ctas;
     return t;
 }
 

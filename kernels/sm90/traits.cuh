@@ -71,6 +71,11 @@ constexpr bool kSplit = kSplits > 1;
 // logsumexp. flash_fwd.cu: tail_plan; space/wgmma.py: tail_plan.
 constexpr bool kTailSplit = AT_TAIL_SPLIT != 0;
 constexpr int kTailMinKeyTiles = 2;  // the smallest piece, in key tiles (space/wgmma.py: TAIL_MIN_KEY_TILES)
+// What a piece costs beyond its key tiles (a second Q load and prologue, the fp32 partials, the combine's share), in
+// key tiles: a model's figure (tests/test_tail_split.py), not a measurement. The last round is cut only where a
+// share plus this is shorter than a whole tile, so a nearly full last round (B1 H64 N1024: 116 of 132, 8 key tiles)
+// or short tiles (N512: 4) run whole. space/wgmma.py: TAIL_PIECE_COST.
+constexpr int kTailPieceCost = 2;
 // Packed GQA: the heads/kv_heads query heads that share one K/V head are the rows of one tile (local row r is query
 // row r / G of head r % G, G = heads / kv_heads), grid.y runs over K/V heads: a decode step reads each K/V tile once
 // per K/V head instead of once per query head, and wgmma's 64 rows are filled by heads. Q is then loaded by the
