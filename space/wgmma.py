@@ -122,17 +122,20 @@ def tile_word_bytes(c: Config, p: Problem) -> int:
     return 8 if tile_counter(c, p) else 0
 
 
-TAIL_MIN_KEY_TILES = 2  # the smallest piece of a cut tile, in key tiles (traits.cuh: kTailMinKeyTiles)
-# What a piece costs beyond its key tiles (second Q load and prologue, fp32 partials, the combine's share), in key
-# tiles: a model's figure, not a measurement (traits.cuh: kTailPieceCost)
+TAIL_MIN_KEY_TILES = 2  # the smallest share of the cut tiles' units, in key tiles
+# What a piece costs beyond its key tiles (a second Q load and prologue, the fp32 partials, the combine's share), in
+# key tiles: a model's figure (tests/test_tail_split.py), not a measurement. A round is cut only where a share plus this
+# is shorter than a tile, so a nearly full last round (B1 H64 N1024: 116 of 132 tiles, 8 key tiles) and short tiles
+# (N512 d64: 4) run whole.
 TAIL_PIECE_COST = 2
 
 
 @dataclass(frozen=True)
 class TailPlan:
-    """How a tail-split kernel cuts its last round (flash_fwd.cu: tail_plan, the twin): tiles [0, full_end) run
-    whole in full rounds, the tail_tiles after them are units = tail_tiles × key_tiles (one key tile of one tile)
-    that CTAs 0 .. ctas-1 share out as equal contiguous ranges, a piece of at most two tiles each."""
+    """How a tail-split kernel cuts its last round: tiles [0, full_end) run whole in full rounds, the tail_tiles
+    after them are units = tail_tiles × key_tiles (one key tile of one tile) that CTAs 0 .. ctas-1 share out as equal
+    contiguous ranges, a piece of at most two tiles each. The loader passes full_end and ctas to the kernel
+    (FlashFwdParams.tail_full_end, tail_ctas); kernels/sm90/tail_plan.h is the twin of the shares, pieces and slots."""
 
     full_end: int
     tail_tiles: int
@@ -153,7 +156,7 @@ class TailPlan:
 
     def pieces(self, cta: int) -> list[tuple[int, int, int, int]]:
         """(tile index in the order, first key tile, key tile end, partial slot) of each piece CTA `cta` runs after
-        its full rounds (flash_fwd.cu: tail_pieces)."""
+        its full rounds (tail_plan.h: piece; flash_fwd.cu: tail_pieces)."""
         out = []
         if cta >= self.ctas:
             return out
@@ -173,7 +176,8 @@ class TailPlan:
 
 
 def tail_plan(tiles: int, ctas: int, key_tiles: int) -> TailPlan | None:
-    """The cut of a tail-split kernel's last round, or None where it runs whole as without the axis: fewer tiles
+    """The cut of a tail-split kernel's last round (the loader's decision, passed to the kernel in the parameter
+    block), or None where it runs whole as without the axis: fewer tiles
     than one full round, no tile left over, tiles shorter than two pieces (2 × TAIL_MIN_KEY_TILES key tiles), or a
     longest share that with TAIL_PIECE_COST is not shorter than a whole tile (a nearly full last round, short tiles).
     Otherwise as many CTAs as have TAIL_MIN_KEY_TILES units each, at most all of them."""

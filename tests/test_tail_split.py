@@ -3,6 +3,10 @@ tail_pieces / tail_combine), its rules against the traits' static_asserts, the l
 a model of what the cut buys on the benchmark rows."""
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
 import space
@@ -52,6 +56,55 @@ def test_every_unit_of_the_cut_tiles_is_run_once_in_pieces_of_two_tiles_at_most(
     for j in range(rest):  # the combine reads exactly the slots that wrote tile j, in key order
         slots = [seen[(plan.full_end + j, n)] for n in range(key_tiles)]
         assert plan.slots_of_tile(j) == list(dict.fromkeys(slots))
+
+
+TAIL_PLAN_H = Path(__file__).resolve().parent.parent / "kernels" / "sm90" / "tail_plan.h"
+
+
+def test_the_kernels_arithmetic_is_the_twins(tmp_path):
+    """kernels/sm90/tail_plan.h, compiled for the host, against space.wgmma.TailPlan on every cut case above: every
+    CTA's pieces and the slots the combine reads for every cut tile."""
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler on PATH")
+    plans = [(tiles, ctas, plan) for tiles, ctas, key_tiles in sorted(set(_cases()))
+             if (plan := tail_plan(tiles, ctas, key_tiles)) is not None]
+    assert len(plans) > 100
+    rows = ", ".join(f"{{{tiles}, {ctas}, {p.full_end}, {p.ctas}, {p.key_tiles}}}" for tiles, ctas, p in plans)
+    source = tmp_path / "tail.cpp"
+    source.write_text(
+        f'#include <cstdio>\n#include "{TAIL_PLAN_H}"\n'
+        "int main() {\n"
+        f"    const int cases[][5] = {{{rows}}};\n"
+        "    for (const auto& c : cases) {\n"
+        "        const tail_split::Plan t = tail_split::make_plan(c[0], c[2], c[3], c[4]);\n"
+        "        std::printf(\"plan %d %d %lld\\n\", c[0], c[1], t.units);\n"
+        "        for (int i = 0; i < c[1]; ++i)\n"
+        "            for (int k = 0; k < 2; ++k) {\n"
+        "                tail_split::Piece p;\n"
+        "                if (tail_split::piece(t, i, k, p))\n"
+        "                    std::printf(\"piece %d %d %d %d\\n\", i, p.tile, p.n_begin, p.n_end);\n"
+        "            }\n"
+        "        for (int j = 0; j < c[0] - t.full_end; ++j) {\n"
+        "            std::printf(\"slots %d\", j);\n"
+        "            const long long first = static_cast<long long>(j) * t.n;\n"
+        "            for (int i = tail_split::cta_of(t, first); i <= tail_split::cta_of(t, first + t.n - 1); ++i)\n"
+        "                std::printf(\" %d\", tail_split::slot(t, i, j));\n"
+        "            std::printf(\"\\n\");\n"
+        "        }\n"
+        "    }\n"
+        "    return 0;\n"
+        "}\n")
+    exe = tmp_path / "tail"
+    subprocess.run([cxx, "-std=c++17", "-O1", str(source), "-o", str(exe)], check=True, capture_output=True)
+    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.splitlines()
+    want = []
+    for tiles, ctas, plan in plans:
+        want.append(f"plan {tiles} {ctas} {plan.units}")
+        for cta in range(ctas):
+            want += [f"piece {cta} {tile - plan.full_end} {begin} {end}" for tile, begin, end, _ in plan.pieces(cta)]
+        want += [" ".join(["slots", str(j)] + [str(s) for s in plan.slots_of_tile(j)]) for j in range(plan.tail_tiles)]
+    assert got == want
 
 
 def test_a_round_that_is_whole_or_absent_is_not_cut():

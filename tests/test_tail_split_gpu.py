@@ -57,7 +57,7 @@ def test_the_cut_tiles_are_merged_by_the_tail_combine(build_cache_dir, monkeypat
     launch = runner.prepare(q, k, v, o, lse)
     plan = runner.tail_plan(loader.InputShape(1, 38, 19, 1000, 1500, 128, "bf16"), launch.grid)
     assert plan is not None and launch.combine is not None, (launch.grid, plan)
-    assert launch.params.persistent_ctas == launch.grid[0]
+    assert (launch.params.tail_full_end, launch.params.tail_ctas) == (plan.full_end, plan.ctas)
 
     def run_and_compare(call) -> None:
         o.fill_(float("nan"))  # poisoned: a row nobody wrote stays NaN

@@ -532,10 +532,11 @@ class KernelRunner:
         extra = tuple(encode(t.data_ptr()) for encode, t in zip(encoders, (q, k, v)))
         kernel = self.kernel(q.device.index)
         grid = self.grid(shape, kernel)
+        plan = self.tail_plan(shape, grid)
         partials = split_partials(self.layout.kv_splits, shape, q.device) or \
-            tail_partials(self.tail_plan(shape, grid), self.layout.rows_per_block, shape.head_dim, q.device)
-        if self.layout.tail_split:
-            params.persistent_ctas = grid[0]
+            tail_partials(plan, self.layout.rows_per_block, shape.head_dim, q.device)
+        if plan is not None:  # the cut the kernel and its combine follow (none: both fields stay 0)
+            params.tail_full_end, params.tail_ctas = plan.full_end, plan.ctas
         if partials:
             params.o_partial, params.lse_partial = (t.data_ptr() for t in partials)
         counter = None

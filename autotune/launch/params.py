@@ -46,7 +46,8 @@ class FlashFwdParams(ctypes.Structure):
         ("lse_partial", ctypes.c_void_p),
         ("seqused_k", ctypes.c_void_p),
         ("tile_counter", ctypes.c_void_p),
-        ("persistent_ctas", ctypes.c_int),
+        ("tail_full_end", ctypes.c_int),
+        ("tail_ctas", ctypes.c_int),
     ]
 
 

@@ -35,8 +35,10 @@ struct FlashFwdParams {
     // every launch); each CTA past its first tile takes the next one of the order from it (atomicAdd). Null, and
     // never read, otherwise. After seqused_k, so the offsets above are those of the block without it.
     int* tile_counter;
-    // Tail-split builds of the wgmma family's persistent scheduler (space.Layout.tail_split): the attention kernel's
-    // gridDim.x, from which flash_fwd_tail_combine works out the same split of the last round as the kernel did. 0,
-    // and never read, otherwise. Last, so the offsets above are those of the block without it.
-    int persistent_ctas;
+    // Tail-split builds of the wgmma family's persistent scheduler (space.Layout.tail_split): the cut of the last round
+    // the loader chose for this launch's grid (space.wgmma.tail_plan): tiles [0, tail_full_end) run whole, the rest
+    // are shared out in pieces among CTAs 0 .. tail_ctas-1 (kernels/sm90/tail_plan.h). tail_ctas 0: no cut (and
+    // tail_full_end unread). Both 0 otherwise. Last, so the offsets above are those of the block without them.
+    int tail_full_end;
+    int tail_ctas;
 };

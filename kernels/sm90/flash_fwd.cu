@@ -28,6 +28,7 @@
 #include "../common/seqused.cuh"
 #include "../common/split_combine.cuh"
 #include "ptx.cuh"
+#include "tail_plan.h"
 #include "traits.cuh"
 #include "wgmma_ops.cuh"
 
@@ -186,72 +187,36 @@ struct Cursor {
 // releases, the consumers' wait acquires), and past the last tile it writes an index >= tiles with a plain arrive
 // (no Q): the consumers, which read their tiles from those words, stop there. (consume() waits on the same full
 // barrier again: the phase is complete, so that wait returns at once.)
-// kTailSplit: how the last round is cut. Non-causal tiles all have n key tiles; `ctas` persistent CTAs run
-// full = tiles / ctas whole rounds, and the rest = tiles mod ctas tiles left over are W = rest × n units (one key tile
-// of one tile) that CTAs 0 .. plan.ctas-1 share out as equal contiguous ranges, CTA i taking units
-// [floor(i·W / plan.ctas), floor((i+1)·W / plan.ctas)), at least kTailMinKeyTiles each. Since plan.ctas > rest,
-// a range is at most a tile long and covers pieces of at most two tiles; piece k (0, 1) of CTA i writes its partials
-// to slot 2i + k. No tail (full_end = tiles, ctas = 0) without a full round, without a rest, with tiles too short to
-// cut, or where the longest share plus kTailPieceCost is not shorter than a tile. space/wgmma.py: tail_plan is the
-// twin.
-struct TailPlan {
-    int full_end;    // tiles [0, full_end) run whole in the full rounds, [full_end, tiles) are cut
-    int ctas;        // CTAs that take a share of the cut tiles
-    int n;           // key tiles per tile
-    long long units;  // (tiles - full_end) × n
-};
-
-__device__ __forceinline__ TailPlan tail_plan(const FlashFwdParams& p, int tiles, int ctas) {
-    TailPlan t;
-    t.n = (p.seqlen_k + kBc - 1) / kBc;
-    const int full = tiles / ctas, rest = tiles - full * ctas;
-    if (full < 1 || rest == 0 || t.n < 2 * kTailMinKeyTiles) {
-        t.full_end = tiles;
-        t.ctas = 0;
-        t.units = 0;
-        return t;
-    }
-    t.units = static_cast<long long>(rest) * t.n;
-    t.ctas = static_cast<int>(min(static_cast<long long>(ctas), t.units / kTailMinKeyTiles));
-    if ((t.units + t.ctas - 1) / t.ctas + kTailPieceCost >= t.n) {  // a share is not worth cutting a tile for
-        t.full_end = tiles;
-        t.ctas = 0;
-        t.units = 0;
-        return t;
-    }
-    t.full_end = full * ctas;
-    return t;
+// kTailSplit: the last round's cut, as the loader chose it for this grid (p.tail_full_end, p.tail_ctas; tail_plan.h:
+// the shares, the pieces and their slots). Non-causal tiles all have ceil(seqlen_k / Bc) key tiles. The kernel does
+// not decide the cut itself: asked at every tile of the full rounds' loop, the decision's 64-bit arithmetic made
+// ptxas spill 4-40 B there.
+__device__ __forceinline__ tail_split::Plan tail_plan(const FlashFwdParams& p, int tiles) {
+    return tail_split::make_plan(tiles, p.tail_full_end, p.tail_ctas, (p.seqlen_k + kBc - 1) / kBc);
 }
 
-// The first unit of CTA i's share, and the CTA whose share holds unit u (the largest i with tail_start(i) <= u).
-__device__ __forceinline__ long long tail_start(const TailPlan& t, int i) {
-    return static_cast<long long>(i) * t.units / t.ctas;
-}
-__device__ __forceinline__ int tail_cta_of(const TailPlan& t, long long u) {
-    return static_cast<int>(((u + 1) * t.ctas - 1) / t.units);
-}
-
-// run(tile, its first query row, its Q sequence, its index in the order, first key tile, key tile end, partial slot):
-// the slot is -1 for a whole tile, whose O is final; a piece of a cut tile writes fp32 partials to its slot.
+// kTailSplit, after the full rounds: this CTA's pieces of the cut tiles (none where the plan does not cut: the full
+// rounds' loop then ran the last round too). run(tile, its first query row, its Q sequence, its index in the order,
+// first key tile, key tile end, partial slot): the slot is -1 for a whole tile, whose O is final; a piece of a cut
+// tile writes fp32 partials to its slot.
 template <class Run>
 __device__ __forceinline__ void tail_pieces(const FlashFwdParams& p, uint32_t q_seq, Run&& run) {
     // One register carried from piece to piece (which piece, and the Q sequence), the rest recomputed from the
     // parameters, as for_each_tile does: the share's bounds carried across consume() spilled 12 B at 128 registers.
+    // (Running an uncut last round here too, rather than in the full rounds' loop, spilled 40 B there: this copy of
+    // consume() then needs both epilogues, the partials' and O's.)
+    if (p.tail_ctas == 0) return;
     const int i = static_cast<int>(blockIdx.x);
 #pragma unroll 1
     for (uint32_t bits = q_seq; bits < 8u; bits = ((bits & 4u) + 4u) | ((bits + 1) & kQSeqMask)) {
-        const int piece = static_cast<int>(bits >> 2);
+        const int k = static_cast<int>(bits >> 2);
         const TileOrder order = tile_order(p);
-        const TailPlan t = tail_plan(p, order.tiles, static_cast<int>(gridDim.x));
-        if (i >= t.ctas) return;
-        const long long start = tail_start(t, i), end = tail_start(t, i + 1);
-        const int j = static_cast<int>(start / t.n) + piece;  // this piece's tile among the cut ones
-        const long long tile_begin = static_cast<long long>(j) * t.n;
-        if (tile_begin >= end) return;  // a share inside one tile has one piece
-        const Tile work = tile_at(p, order, t.full_end + j);
-        run(work, work.m_block * kBr, bits & kQSeqMask, t.full_end + j,
-            static_cast<int>(max(start, tile_begin) - tile_begin),
-            static_cast<int>(min(static_cast<long long>(t.n), end - tile_begin)), 2 * i + piece);
+        const tail_split::Plan t = tail_plan(p, order.tiles);
+        tail_split::Piece piece;
+        if (!tail_split::piece(t, i, k, piece)) return;
+        const Tile work = tile_at(p, order, t.full_end + piece.tile);
+        run(work, work.m_block * kBr, bits & kQSeqMask, t.full_end + piece.tile, piece.n_begin, piece.n_end,
+            2 * i + k);
     }
 }
 
@@ -264,7 +229,8 @@ __device__ __forceinline__ void for_each_tile(const FlashFwdParams& p, Run&& run
     Cursor c{blockIdx.x << Cursor::kLow};
     for (;;) {
         const TileOrder order = tile_order(p);
-        const int end = kTailSplit ? tail_plan(p, order.tiles, static_cast<int>(gridDim.x)).full_end : order.tiles;
+        // kTailSplit: the full rounds, and the last one too unless the plan cuts it (tail_pieces runs its pieces)
+        const int end = kTailSplit && p.tail_ctas > 0 ? p.tail_full_end : order.tiles;
         if (c.tile() >= end) break;
         const Tile work = tile_at(p, order, c.tile());
         const int work_m0 = work.m_block * kBr;
@@ -1152,15 +1118,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
 namespace sm90 {
 
-// kTailSplit's second step: one warp per row of a cut tile merges the pieces that CTAs tail_cta_of(first unit) ..
-// tail_cta_of(last unit) wrote (a CTA's piece of tile j is its slot 2i if its share starts in j, else 2i + 1), as
-// split_kv::combine merges splits: O = Σ w_k O_k / Σ w_k with w_k = exp(lse_k - max lse). Rows past seqlen_q, which
-// no piece wrote, are skipped. Launch: grid ceil(cut tiles × kBr / kCombineRowsPerBlock), block kCombineThreads,
-// p.persistent_ctas = the attention kernel's gridDim.x (the plan depends on it).
+// kTailSplit's second step: one warp per row of a cut tile merges the pieces that CTAs cta_of(first unit) ..
+// cta_of(last unit) wrote (tail_plan.h: slot), as split_kv::combine merges splits: O = Σ w_k O_k / Σ w_k with
+// w_k = exp(lse_k - max lse). Rows past seqlen_q, which no piece wrote, are skipped. Launch: grid ceil(cut tiles ×
+// kBr / kCombineRowsPerBlock), block kCombineThreads, the attention kernel's parameter block (its cut).
 __device__ __forceinline__ void tail_combine(const FlashFwdParams& p) {
     split_kv::wait_for_splits();
     const TileOrder order = tile_order(p);
-    const TailPlan t = tail_plan(p, order.tiles, p.persistent_ctas);
+    const tail_split::Plan t = tail_plan(p, order.tiles);
     const long long row = static_cast<long long>(blockIdx.x) * split_kv::kCombineRowsPerBlock + threadIdx.x / 32;
     if (t.ctas == 0 || row >= static_cast<long long>(order.tiles - t.full_end) * kBr) return;
     const int j = static_cast<int>(row / kBr), local = static_cast<int>(row - static_cast<long long>(j) * kBr);
@@ -1169,10 +1134,8 @@ __device__ __forceinline__ void tail_combine(const FlashFwdParams& p) {
     if (qrow >= p.seqlen_q) return;
     const int lane = threadIdx.x % 32;
     const long long first = static_cast<long long>(j) * t.n;
-    const int i0 = tail_cta_of(t, first), i1 = tail_cta_of(t, first + t.n - 1);
-    auto slot_row = [&](int i) {
-        return (2ll * i + (tail_start(t, i) < first ? 1 : 0)) * kBr + local;
-    };
+    const int i0 = tail_split::cta_of(t, first), i1 = tail_split::cta_of(t, first + t.n - 1);
+    auto slot_row = [&](int i) { return static_cast<long long>(tail_split::slot(t, i, j)) * kBr + local; };
     float mx = -CUDART_INF_F;
     for (int i = i0 + lane; i <= i1; i += 32) mx = fmaxf(mx, p.lse_partial[slot_row(i)]);
 #pragma unroll

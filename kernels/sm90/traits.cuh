@@ -68,14 +68,8 @@ constexpr bool kSplit = kSplits > 1;
 // N4096: 2048 tiles on 132 CTAs = 15.52 rounds, 3 % of the kernel idle; a DiT's 864: 6.5 %). With it the full rounds
 // run as before and the last round's tiles are cut along the keys into about equal pieces, one or two per CTA, over
 // all the CTAs (stream-K's tail); each piece writes fp32 partials that flash_fwd_tail_combine merges by their
-// logsumexp. flash_fwd.cu: tail_plan; space/wgmma.py: tail_plan.
+// logsumexp. tail_plan.h: the cut (its constants too); space/wgmma.py: tail_plan.
 constexpr bool kTailSplit = AT_TAIL_SPLIT != 0;
-constexpr int kTailMinKeyTiles = 2;  // the smallest piece, in key tiles (space/wgmma.py: TAIL_MIN_KEY_TILES)
-// What a piece costs beyond its key tiles (a second Q load and prologue, the fp32 partials, the combine's share), in
-// key tiles: a model's figure (tests/test_tail_split.py), not a measurement. The last round is cut only where a
-// share plus this is shorter than a whole tile, so a nearly full last round (B1 H64 N1024: 116 of 132, 8 key tiles)
-// or short tiles (N512: 4) run whole. space/wgmma.py: TAIL_PIECE_COST.
-constexpr int kTailPieceCost = 2;
 // Packed GQA: the heads/kv_heads query heads that share one K/V head are the rows of one tile (local row r is query
 // row r / G of head r % G, G = heads / kv_heads), grid.y runs over K/V heads: a decode step reads each K/V tile once
 // per K/V head instead of once per query head, and wgmma's 64 rows are filled by heads. Q is then loaded by the
