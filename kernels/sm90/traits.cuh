@@ -189,7 +189,7 @@ static_assert(kMinBlocks == 1 || kMinBlocks * (kSmemStatic + kSmemDynamic + 1024
               "min_blocks_smem: MIN_BLOCKS CTAs must fit the SM's shared memory together");
 static_assert(kAccumulatorRegs <= kConsumerRegBudget,
               "accumulators_fit_registers: S + O + P per thread exceed the consumer register budget (certain spill)");
-static_assert(kAccumulatorRegsTail <= kConsumerRegBudget,
+static_assert(!kTailSplit || kAccumulatorRegsTail <= kConsumerRegBudget,
               "tail_split_fits_registers: S + O + P per thread exceed the consumer register budget with the tail's "
               "second tile loop (certain spill)");
 
