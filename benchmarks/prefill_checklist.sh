@@ -269,13 +269,13 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
     # the rows whose shipped config is persistent and non-causal and whose last round the plan cuts (the N1024 and
     # N512 rows' is not: their search would only re-time the shipped config), each searched with that config and its
     # tail_split twin enqueued: the search's retimes alternate them and the export keeps the faster; then the GQA
-    # chunk as `chunk-retune` does (3 trials). Exported after each search, so a run cut short keeps what it finished.
+    # chunk seeded as `chunk-retune` is. Exported after each search, so a run cut short keeps what it finished.
     db=sqlite:///$OUT/tail.db
     [ -f /tmp/h200-merged.json ] || cp studies/tuned/h200.json /tmp/h200-merged.json
-    VIT=$SHIP_T,stages=4
-    for row in "4 16 4096 4096 128 fp16 2 $SHIP_P,tail_split=1|$SHIP_P" "1 24 4608 4608 128 bf16 2 $SHIP_P,tail_split=1|$SHIP_P" \
-               "4 16 4096 4096 128 bf16 2 $SHIP_P,tail_split=1|$SHIP_P" "4 32 4096 4096 64 fp16 2 $SHIP_T,tail_split=1|$SHIP_T" \
-               "64 16 577 577 64 bf16 2 $VIT,tail_split=1|$VIT" "1 32 512 8192 128 bf16 3 $G2,bc=192|$G2,bc=176|$SHIP_P"; do
+    P2="$SHIP_P,tail_split=1|$SHIP_P" T2="$SHIP_T,tail_split=1|$SHIP_T" V2="$SHIP_T,stages=4,tail_split=1|$SHIP_T,stages=4"
+    # B H N Nk D dtype trials configs; trials: the family's default (a fresh study tries it first), then the configs
+    for row in "4 16 4096 4096 128 fp16 3 $P2" "1 24 4608 4608 128 bf16 3 $P2" "4 16 4096 4096 128 bf16 3 $P2" \
+               "4 32 4096 4096 64 fp16 3 $T2" "64 16 577 577 64 bf16 3 $V2" "1 32 512 8192 128 bf16 4 $G2,bc=192|$G2,bc=176|$SHIP_P"; do
       read -r b h n nk d dt trials configs <<< "$row"
       kv=$h; [ "$nk" = 8192 ] && kv=8
       enqueue=(); IFS='|' read -ra keys <<< "$configs"; for key in "${keys[@]}"; do enqueue+=(--enqueue "$key"); done
