@@ -924,7 +924,8 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     using Elem = uint16_t;
     if (kSplit || (kTailSplit && split >= 0)) {
         // This split's share (or this piece's of a cut tile): O normalised by its own row sum, and its logsumexp,
-        // both fp32, for flash_fwd_combine (flash_fwd_tail_combine). The O staged path's Q-slot release is below.
+        // both fp32, for flash_fwd_combine (flash_fwd_tail_combine). Written from registers: a persistent build that
+        // stages O in the Q slot (and so releases it only after the staged O is read back, below) releases it now.
         if constexpr (kPersistent && kOStoreSmem) release_q(sm, q_slot);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
