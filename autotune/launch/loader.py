@@ -571,13 +571,17 @@ def split_partials(kv_splits: int, shape: InputShape, device) -> tuple:
     row a split covers is written, and the combine never reads the O of a split whose lse is -inf."""
     if kv_splits == 1:
         return ()
+    return _partials((kv_splits, shape.batch, shape.heads, shape.seqlen_q), shape.head_dim, device)
+
+
+def _partials(rows: tuple, head_dim: int, device) -> tuple:
+    """fp32 (rows..., head_dim) partial O and (rows...) logsumexp, in one allocation as Relaunch makes them per call
+    (the logsumexp starts at a multiple of head_dim, so of 64 floats)."""
     import torch
 
-    rows = (kv_splits, shape.batch, shape.heads, shape.seqlen_q)
-    o_elems, lse_elems = math.prod(rows) * shape.head_dim, math.prod(rows)
-    # One allocation for both (as Relaunch makes them per call); lse_partial starts at a multiple of 64 floats.
+    o_elems, lse_elems = math.prod(rows) * head_dim, math.prod(rows)
     workspace = torch.empty(o_elems + lse_elems, dtype=torch.float32, device=device)
-    return workspace[:o_elems].view(rows + (shape.head_dim,)), workspace[o_elems:].view(rows)
+    return workspace[:o_elems].view(rows + (head_dim,)), workspace[o_elems:].view(rows)
 
 
 def tail_partials(plan, rows_per_block: int, head_dim: int, device) -> tuple:
@@ -587,12 +591,7 @@ def tail_partials(plan, rows_per_block: int, head_dim: int, device) -> tuple:
     only those pieces' slots (a CTA with one piece leaves its second slot unused)."""
     if plan is None:
         return ()
-    import torch
-
-    rows = (2 * plan.ctas, rows_per_block)
-    o_elems, lse_elems = math.prod(rows) * head_dim, math.prod(rows)
-    workspace = torch.empty(o_elems + lse_elems, dtype=torch.float32, device=device)
-    return workspace[:o_elems].view(rows + (head_dim,)), workspace[o_elems:].view(rows)
+    return _partials((2 * plan.ctas, rows_per_block), head_dim, device)
 
 
 def attention_with(build, q, k, v, scale: float | None = None, return_lse: bool = False):
