@@ -68,7 +68,7 @@ constexpr bool kSplit = kSplits > 1;
 // N4096: 2048 tiles on 132 CTAs = 15.52 rounds, 3 % of the kernel idle; a DiT's 864: 6.5 %). With it the full rounds
 // run as before and the last round's tiles are cut along the keys into about equal pieces, one or two per CTA, over
 // all the CTAs (stream-K's tail); each piece writes fp32 partials that flash_fwd_tail_combine merges by their
-// logsumexp. tail_plan.h: the cut (its constants too); space/wgmma.py: tail_plan.
+// logsumexp. The loader decides the cut (space/wgmma.py: tail_plan); tail_plan.h: its shares, pieces and slots.
 constexpr bool kTailSplit = AT_TAIL_SPLIT != 0;
 // Packed GQA: the heads/kv_heads query heads that share one K/V head are the rows of one tile (local row r is query
 // row r / G of head r % G, G = heads / kv_heads), grid.y runs over K/V heads: a decode step reads each K/V tile once
