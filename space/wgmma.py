@@ -177,8 +177,9 @@ class TailPlan:
 
 def tail_plan(tiles: int, ctas: int, key_tiles: int) -> TailPlan | None:
     """The cut of a tail-split kernel's last round (the loader's decision, passed to the kernel in the parameter
-    block), or None where it runs whole as without the axis: fewer tiles than one full round, no tile left over, tiles shorter than two pieces (2 × TAIL_MIN_KEY_TILES key tiles), or a
-    longest share that with TAIL_PIECE_COST is not shorter than a whole tile (a nearly full last round, short tiles).
+    block), or None where it runs whole as without the axis: fewer tiles than one full round, no tile left over,
+    tiles shorter than two pieces (2 × TAIL_MIN_KEY_TILES key tiles), or a longest share that with TAIL_PIECE_COST
+    is not shorter than a whole tile (a nearly full last round, short tiles).
     Otherwise as many CTAs as have TAIL_MIN_KEY_TILES units each, at most all of them."""
     if ctas < 1 or tiles < 1 or key_tiles < 1:
         raise ValueError(f"tail_plan: tiles, ctas and key_tiles must be >= 1, got {tiles}, {ctas}, {key_tiles}")
