@@ -270,18 +270,21 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
     # N512 rows' is not: their search would only re-time the shipped config), each searched with that config and its
     # tail_split twin enqueued: the search's retimes alternate them and the export keeps the faster; then the GQA
     # chunk seeded as `chunk-retune` is. Exported after each search, so a run cut short keeps what it finished.
+    # TAIL_ROWS=K: the first K rows only; TAIL_EXPORT=0: time them, export nothing (a GPU other than the table's)
     db=sqlite:///$OUT/tail.db
     [ -f /tmp/h200-merged.json ] || cp studies/tuned/h200.json /tmp/h200-merged.json
     P2="$SHIP_P,tail_split=1|$SHIP_P" T2="$SHIP_T,tail_split=1|$SHIP_T" V2="$SHIP_T,stages=4,tail_split=1|$SHIP_T,stages=4"
     # B H N Nk D dtype trials configs; trials: the family's default (a fresh study tries it first), then the configs
     for row in "4 16 4096 4096 128 fp16 3 $P2" "1 24 4608 4608 128 bf16 3 $P2" "4 16 4096 4096 128 bf16 3 $P2" \
                "4 32 4096 4096 64 fp16 3 $T2" "64 16 577 577 64 bf16 3 $V2" "1 32 512 8192 128 bf16 4 $G2,bc=192|$G2,bc=176|$SHIP_P"; do
+      rows_left=$(( ${rows_left:-${TAIL_ROWS:-99}} - 1 )); [ "$rows_left" -lt 0 ] && break
       read -r b h n nk d dt trials configs <<< "$row"
       kv=$h; [ "$nk" = 8192 ] && kv=8
       enqueue=(); IFS='|' read -ra keys <<< "$configs"; for key in "${keys[@]}"; do enqueue+=(--enqueue "$key"); done
       TAIL=4 step "tail_search_b$b-h$h-n$n-k$nk-d$d-$dt" 200 python3 -m autotune.cli search --seqlen "$n" \
         --seqlen-k "$nk" --batch "$b" --heads "$h" --kv-heads "$kv" --head-dim "$d" --dtype "$dt" --family wgmma \
         --trials "$trials" --retime 4 --storage "$db" "${enqueue[@]}"
+      [ "${TAIL_EXPORT:-1}" = 0 ] && continue
       TAIL=3 step "tail_export_$n-$d-$dt" 30 python3 -m autotune.cli export /tmp/h200-merged.json --gpu h200 \
         --storage "$db" --merge
       rm -f "$OUT"/.autotune-*.lock
