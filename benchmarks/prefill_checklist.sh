@@ -144,6 +144,14 @@ ab() {  # ab NAME LIMIT_S ROUNDS ARGS...: benchmarks/kernel_ab.py against 208bc9
   AUTOTUNE_CACHE_DIR=$AB_CACHE TAIL=60 step "$name" "$limit" python3 -u benchmarks/kernel_ab.py \
     --before .ab/208bc9a/kernels --out "$OUT/$name" --rounds "$rounds" "$@"
 }
+use_merged_tables() {  # `tables` or a retune ran on this host: its tables are what would be shipped
+  local merged gpu
+  for merged in /tmp/*-merged.json; do
+    [ -f "$merged" ] || continue
+    gpu=$(basename "$merged" -merged.json)
+    cp "$merged" "studies/tuned/$gpu.json" && echo "== on this host's $gpu table ($merged)"
+  done
+}
 case "${1:-}" in
   vit-dram)
     for n in 577 576; do
@@ -164,15 +172,14 @@ case "${1:-}" in
     rm -f "$OUT"/.autotune-*.lock  # the storage's lock files (a run brings back only a few files)
     cp /tmp/h200-merged.json "$OUT/h200.json" ;;
   stage)
+    use_merged_tables
     [ -d .fa4a ] || echo "== stage: .fa4a not carried (FlashAttention-4 will not install in \`peers\`)"
     TAIL=3 step prebuild_peers 240 python3 -c "
 import sys; sys.path.insert(0, 'benchmarks')
 import peers_table
 peers_table.prebuild([peers_table.parse_shape(k) for k in peers_table.SHAPES])" ;;
   peers)
-    if [ -f /tmp/h200-merged.json ]; then  # `tables` ran on this host: its table is what a user would be shipped
-      cp /tmp/h200-merged.json studies/tuned/h200.json && echo "== peers on the table of \`tables\` (this host)"
-    fi
+    use_merged_tables
     whl=/tmp/fa4/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
     cat /tmp/fa4/cu13part.* .fa4b/cu13part.* > "$whl" \
       && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$whl" .fa4b/*.whl \
@@ -270,9 +277,10 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
     # N512 rows' is not: their search would only re-time the shipped config), each searched with that config and its
     # tail_split twin enqueued: the search's retimes alternate them and the export keeps the faster; then the GQA
     # chunk seeded as `chunk-retune` is. Exported after each search, so a run cut short keeps what it finished.
-    # TAIL_ROWS=K: the first K rows only; TAIL_EXPORT=0: time them, export nothing (a GPU other than the table's)
-    db=sqlite:///$OUT/tail.db
-    [ -f /tmp/h200-merged.json ] || cp studies/tuned/h200.json /tmp/h200-merged.json
+    # TAIL_ROWS=K: the first K rows only; TAIL_EXPORT=0: time them, export nothing; TABLE_GPU=h100: export into
+    # that GPU's table (studies/tuned/h100.json, new if absent; `peers` then runs with it) instead of the H200's
+    db=sqlite:///$OUT/tail.db gpu=${TABLE_GPU:-h200}
+    [ -f "/tmp/$gpu-merged.json" ] || [ ! -f "studies/tuned/$gpu.json" ] || cp "studies/tuned/$gpu.json" "/tmp/$gpu-merged.json"
     P2="$SHIP_P,tail_split=1|$SHIP_P" T2="$SHIP_T,tail_split=1|$SHIP_T" V2="$SHIP_T,stages=4,tail_split=1|$SHIP_T,stages=4"
     # B H N Nk D dtype trials configs; trials: the family's default (a fresh study tries it first), then the configs
     for row in "4 16 4096 4096 128 fp16 3 $P2" "1 24 4608 4608 128 bf16 3 $P2" "4 16 4096 4096 128 bf16 3 $P2" \
@@ -285,10 +293,10 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
         --seqlen-k "$nk" --batch "$b" --heads "$h" --kv-heads "$kv" --head-dim "$d" --dtype "$dt" --family wgmma \
         --trials "$trials" --retime 4 --storage "$db" "${enqueue[@]}"
       [ "${TAIL_EXPORT:-1}" = 0 ] && continue
-      TAIL=3 step "tail_export_$n-$d-$dt" 30 python3 -m autotune.cli export /tmp/h200-merged.json --gpu h200 \
+      TAIL=3 step "tail_export_$n-$d-$dt" 30 python3 -m autotune.cli export "/tmp/$gpu-merged.json" --gpu "$gpu" \
         --storage "$db" --merge
       rm -f "$OUT"/.autotune-*.lock
-      cp /tmp/h200-merged.json "$OUT/h200.json"
+      cp "/tmp/$gpu-merged.json" "$OUT/$gpu.json"
     done ;;
   verify-counter)
     # causal persistent CTAs taking tiles from a counter: the wgmma GPU matrix, the counter's own test, then ncu's
