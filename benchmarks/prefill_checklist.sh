@@ -273,18 +273,18 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
         --configs-only --config "$SHIP_P" --config "$SHIP_P,tail_split=1" --config "$SHIP_P" --config "$SHIP_P,tail_split=1"
     done ;;
   tail-table)
-    # the rows whose shipped config is persistent and non-causal and whose last round the plan cuts (the N1024 and
-    # N512 rows' is not: their search would only re-time the shipped config), each searched with that config and its
+    # the rows whose shipped config is persistent and non-causal and whose last round the plan cuts (the N1024, N512
+    # and ViT rows' is not: their search would only re-time the shipped config), each searched with that config and its
     # tail_split twin enqueued: the search's retimes alternate them and the export keeps the faster; then the GQA
     # chunk seeded as `chunk-retune` is. Exported after each search, so a run cut short keeps what it finished.
     # TAIL_ROWS=K: the first K rows only; TAIL_EXPORT=0: time them, export nothing; TABLE_GPU=h100: export into
     # that GPU's table (studies/tuned/h100.json, new if absent; `peers` then runs with it) instead of the H200's
     db=sqlite:///$OUT/tail.db gpu=${TABLE_GPU:-h200}
     [ -f "/tmp/$gpu-merged.json" ] || [ ! -f "studies/tuned/$gpu.json" ] || cp "studies/tuned/$gpu.json" "/tmp/$gpu-merged.json"
-    P2="$SHIP_P,tail_split=1|$SHIP_P" T2="$SHIP_T,tail_split=1|$SHIP_T" V2="$SHIP_T,stages=4,tail_split=1|$SHIP_T,stages=4"
+    P2="$SHIP_P,tail_split=1|$SHIP_P" T2="$SHIP_T,tail_split=1|$SHIP_T"
     # B H N Nk D dtype trials configs; trials: the family's default (a fresh study tries it first), then the configs
     for row in "4 16 4096 4096 128 fp16 3 $P2" "1 24 4608 4608 128 bf16 3 $P2" "4 16 4096 4096 128 bf16 3 $P2" \
-               "4 32 4096 4096 64 fp16 3 $T2" "64 16 577 577 64 bf16 3 $V2" "1 32 512 8192 128 bf16 4 $G2,bc=192|$G2,bc=176|$SHIP_P"; do
+               "4 32 4096 4096 64 fp16 3 $T2" "1 32 512 8192 128 bf16 4 $G2,bc=192|$G2,bc=176|$SHIP_P"; do
       rows_left=$(( ${rows_left:-${TAIL_ROWS:-99}} - 1 )); [ "$rows_left" -lt 0 ] && break
       read -r b h n nk d dt trials configs <<< "$row"
       kv=$h; [ "$nk" = 8192 ] && kv=8

@@ -128,6 +128,11 @@ TAIL_MIN_KEY_TILES = 2  # the smallest share of the cut tiles' units, in key til
 # is shorter than a tile, so a nearly full last round (B1 H64 N1024: 116 of 132 tiles, 8 key tiles) and short tiles
 # (N512 d64: 4) run whole.
 TAIL_PIECE_COST = 2
+# What the cut costs once, in key tiles: the combine kernel after the main one (its launch, its wait for the whole grid,
+# the partials read back). Calibrated on an H100 (docs/benchmarks.md, tail_split measured): the search's timing gained
+# 5-10 us less than ncu's main kernel did on the d128 rows (4-6 key tiles of 1.6 us), and the ViT (4 tiles of 5 key
+# tiles cut into shares of 2) lost 2.2 %. With it a cut must save more than a few key tiles: the ViT runs whole.
+TAIL_COMBINE_COST = 4
 
 
 @dataclass(frozen=True)
@@ -179,7 +184,7 @@ def tail_plan(tiles: int, ctas: int, key_tiles: int) -> TailPlan | None:
     """The cut of a tail-split kernel's last round (the loader's decision, passed to the kernel in the parameter
     block), or None where it runs whole as without the axis: fewer tiles than one full round, no tile left over,
     tiles shorter than two pieces (2 × TAIL_MIN_KEY_TILES key tiles), or a longest share that with TAIL_PIECE_COST
-    is not shorter than a whole tile (a nearly full last round, short tiles).
+    and TAIL_COMBINE_COST is not shorter than a whole tile (a nearly full last round, short tiles).
     Otherwise as many CTAs as have TAIL_MIN_KEY_TILES units each, at most all of them."""
     if ctas < 1 or tiles < 1 or key_tiles < 1:
         raise ValueError(f"tail_plan: tiles, ctas and key_tiles must be >= 1, got {tiles}, {ctas}, {key_tiles}")
@@ -187,7 +192,7 @@ def tail_plan(tiles: int, ctas: int, key_tiles: int) -> TailPlan | None:
     if full < 1 or rest == 0 or key_tiles < 2 * TAIL_MIN_KEY_TILES:
         return None
     plan = TailPlan(full * ctas, rest, min(ctas, rest * key_tiles // TAIL_MIN_KEY_TILES), key_tiles)
-    if -(-plan.units // plan.ctas) + TAIL_PIECE_COST >= key_tiles:
+    if -(-plan.units // plan.ctas) + TAIL_PIECE_COST + TAIL_COMBINE_COST >= key_tiles:
         return None
     return plan
 
