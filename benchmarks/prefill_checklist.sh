@@ -273,9 +273,9 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
         --configs-only --config "$SHIP_P" --config "$SHIP_P,tail_split=1" --config "$SHIP_P" --config "$SHIP_P,tail_split=1"
     done ;;
   tail-cost)
-    # the cut's gain and the merge's cost in the stream (benchmarks/tail_cut_cost.py): whole, cut unmerged, cut,
-    # interleaved, on the rows the plan cuts and the ViT with a cut forced (what TAIL_MERGE_COST models)
-    TAIL=30 step tail_cost 300 python3 -u benchmarks/tail_cut_cost.py --out "$OUT/tail-cost" ;;
+    # the cut's gain and the combine's cost in the stream (benchmarks/tail_combine_cost.py): whole, cut alone, cut +
+    # combine, interleaved, on the rows the plan cuts and the ViT with a cut forced (what TAIL_COMBINE_COST models)
+    TAIL=30 step tail_cost 300 python3 -u benchmarks/tail_combine_cost.py --out "$OUT/tail-cost" ;;
   tail-table)
     # the rows whose shipped config is persistent and non-causal and whose last round the plan cuts (the N1024, N512
     # and ViT rows' is not: their search would only re-time the shipped config), each searched with that config and its

@@ -30,8 +30,7 @@ REG_OVERHEAD = {False: 8, True: 32}
 # same margin; d128 causal does not (Bc 192 compiles without spill at 32). So does d256 with softmax_reduce=tree
 # (its partial maxima and sums: the non-causal d256 default, persistent, spilled) and with exp2_fma (the polynomial's
 # temporaries: Bc 80 persistent, non-causal, spilled 24 B), and with tail_split (its second copy of the tile loop: the
-# d256 default spilled 56 B; its own rule, tail_split_fits_registers, as the decode axes' rules read them alone; with
-# the merge in the kernel, the loop without overlap too: Bc 80, 20 B).
+# d256 default spilled 56 B; its own rule, tail_split_fits_registers, as the decode axes' rules read them alone).
 REG_OVERHEAD_PERSISTENT_TIGHT = 72
 SCHEDULERS = ("grid", "lpt", "persistent")  # AT_SCHEDULER = index; "grid" is the kernel as it was before the axis
 O_RESCALES = ("after", "before", "fused")    # AT_O_RESCALE = index (traits.cuh kORescale)
@@ -129,14 +128,11 @@ TAIL_MIN_KEY_TILES = 2  # the smallest share of the cut tiles' units, in key til
 # is shorter than a tile, so a nearly full last round (B1 H64 N1024: 116 of 132 tiles, 8 key tiles) and short tiles
 # (N512 d64: 4) run whole.
 TAIL_PIECE_COST = 2
-# What the cut costs once, in key tiles: merging the pieces (the counts' zeroing before the launch, the last piece's
-# reads of the others' partials at the end). Calibrated on an H100 (docs/benchmarks.md, tail_split measured) when the
-# merge was a kernel launched after this one: the search's timing gained 5-10 us less than ncu's main kernel did on
-# the d128 rows (4-6 key tiles of 1.6 us), and the ViT (4 tiles of 5 key tiles cut into shares of 2) lost 2.2 %; the
-# merge in the kernel is cheaper (not yet measured: benchmarks/tail_cut_cost.py). With it a cut must save more than a
-# few key tiles: the ViT runs whole.
-TAIL_MERGE_COST = 4
-TAIL_ARITHMETIC_LIMIT = 1 << 31  # kernels/sm90/tail_plan.h computes in int: a cut keeps ctas × units below this
+# What the cut costs once, in key tiles: the combine kernel after the main one (its launch, its wait for the whole grid,
+# the partials read back). Calibrated on an H100 (docs/benchmarks.md, tail_split measured): the search's timing gained
+# 5-10 us less than ncu's main kernel did on the d128 rows (4-6 key tiles of 1.6 us), and the ViT (4 tiles of 5 key
+# tiles cut into shares of 2) lost 2.2 %. With it a cut must save more than a few key tiles: the ViT runs whole.
+TAIL_COMBINE_COST = 4
 
 
 @dataclass(frozen=True)
@@ -188,7 +184,7 @@ def tail_plan(tiles: int, ctas: int, key_tiles: int) -> TailPlan | None:
     """The cut of a tail-split kernel's last round (the loader's decision, passed to the kernel in the parameter
     block), or None where it runs whole as without the axis: fewer tiles than one full round, no tile left over,
     tiles shorter than two pieces (2 × TAIL_MIN_KEY_TILES key tiles), or a longest share that with TAIL_PIECE_COST
-    and TAIL_MERGE_COST is not shorter than a whole tile (a nearly full last round, short tiles).
+    and TAIL_COMBINE_COST is not shorter than a whole tile (a nearly full last round, short tiles).
     Otherwise as many CTAs as have TAIL_MIN_KEY_TILES units each, at most all of them."""
     if ctas < 1 or tiles < 1 or key_tiles < 1:
         raise ValueError(f"tail_plan: tiles, ctas and key_tiles must be >= 1, got {tiles}, {ctas}, {key_tiles}")
@@ -196,9 +192,7 @@ def tail_plan(tiles: int, ctas: int, key_tiles: int) -> TailPlan | None:
     if full < 1 or rest == 0 or key_tiles < 2 * TAIL_MIN_KEY_TILES:
         return None
     plan = TailPlan(full * ctas, rest, min(ctas, rest * key_tiles // TAIL_MIN_KEY_TILES), key_tiles)
-    if -(-plan.units // plan.ctas) + TAIL_PIECE_COST + TAIL_MERGE_COST >= key_tiles:
-        return None
-    if plan.ctas * plan.units >= TAIL_ARITHMETIC_LIMIT:  # tail_plan.h's 32-bit products (ctas × units at most)
+    if -(-plan.units // plan.ctas) + TAIL_PIECE_COST + TAIL_COMBINE_COST >= key_tiles:
         return None
     return plan
 
@@ -318,9 +312,9 @@ def accumulator_registers(c: Config, p: Problem) -> int:
 
 
 def accumulator_registers_tail(c: Config, p: Problem) -> int:
-    """accumulator_registers with tail_split's margin: its second copy of the tile loop and its merge spill the
-    persistent d256 loop, overlapped or not (traits.cuh kAccumulatorRegsTail)."""
-    if c.tail_split and c.scheduler == "persistent" and p.head_dim == 256:
+    """accumulator_registers with tail_split's margin: its second copy of the tile loop spills the persistent
+    overlapped d256 loop at 32 (traits.cuh kAccumulatorRegsTail)."""
+    if c.tail_split and c.overlap and c.scheduler == "persistent" and p.head_dim == 256:
         return c.bc // 2 + p.head_dim // 2 + c.bc // 4 + REG_OVERHEAD_PERSISTENT_TIGHT
     return accumulator_registers(c, p)
 

@@ -15,7 +15,7 @@ from autotune.search.loop import SearchOptions, plan_sweep, run_search
 from autotune.search.sampling import NoSampler, SearchSpace
 from landscape_fixtures import ARCH, SMALL_SHAPE, small_landscape
 
-# head_dim 256: 3592 valid wgmma configs on sm_90 (the decode axes, softmax_reduce, exp2_fma, o_rescale=fused and
+# head_dim 256: 3656 valid wgmma configs on sm_90 (the decode axes, softmax_reduce, exp2_fma, o_rescale=fused and
 # tail_split included)
 PROBLEM = SMALL_SHAPE.problem
 WGMMA = ("wgmma",)
@@ -23,15 +23,15 @@ N_VALID = len(space.valid_configs(PROBLEM, ARCH, WGMMA))
 
 
 def test_the_decision_sweeps_only_what_fits_in_the_budget():
-    assert N_VALID == 3592  # the figure the docs quote: change both together
+    assert N_VALID == 3656  # the figure the docs quote: change both together
     fits = exhaustive.decide(PROBLEM, ARCH, WGMMA, 4000)
     assert fits.sweep and len(fits.configs) == N_VALID
-    assert fits.message == "sweeping all 3592 valid configs of wgmma: no more than the budget of 4000 trials"
+    assert fits.message == "sweeping all 3656 valid configs of wgmma: no more than the budget of 4000 trials"
     exact = exhaustive.decide(PROBLEM, ARCH, WGMMA, N_VALID)
     assert exact.sweep
     over = exhaustive.decide(PROBLEM, ARCH, WGMMA, N_VALID - 1)
     assert not over.sweep and over.configs == ()
-    assert over.message == "sampling: wgmma has more valid configs than the budget of 3591 trials"
+    assert over.message == "sampling: wgmma has more valid configs than the budget of 3655 trials"
 
 
 def test_counting_stops_once_past_the_budget(monkeypatch):
@@ -72,7 +72,7 @@ def test_plan_sweep_sets_the_budget_to_the_valid_configs_and_idles_the_sampler()
     assert (options.trials, options.sampler) == (N_VALID, "random")  # nothing else to try; every value is queued
     assert isinstance(session.study.sampler, NoSampler)  # the stored study's tells stay one transaction each
     assert len(session.sweep) == N_VALID and session.sweep[0] == space.default_config(PROBLEM, ARCH, "wgmma")
-    assert said == ["sweeping all 3592 valid configs of wgmma: no more than the budget of 4000 trials"]
+    assert said == ["sweeping all 3656 valid configs of wgmma: no more than the budget of 4000 trials"]
     session.sweep = ()
     unchanged = SearchOptions(shape=SMALL_SHAPE, trials=150, sweep=False)
     assert plan_sweep(session, unchanged, said.append) is unchanged and session.sweep == ()
@@ -120,7 +120,7 @@ def test_no_sweep_when_the_budget_is_smaller_or_when_asked_not_to(tmp_path):
 
 def test_the_decision_counts_only_the_search_spaces_axis_values():
     # a replay's search space holds only the values its landscape recorded (here the prefill slice): the sweep
-    # decision counts those configs, not the whole space's (3592 at d256, more than the budget of 150)
+    # decision counts those configs, not the whole space's (3656 at d256, more than the budget of 150)
     domains = {"wgmma": {"kv_splits": (1,), "pack_gqa": (False,), "stages": (2, 3, 4), "softmax_reduce": ("chain",),
                        "exp2_fma": ("none",), "o_rescale": ("after", "before"), "tail_split": (False,)}}
     sliced = exhaustive.decide(PROBLEM, ARCH, WGMMA, 150, domains)

@@ -1,5 +1,5 @@
 """tail_split on CPU: the cut of the last round (space.wgmma.tail_plan, twin of flash_fwd.cu's tail_plan /
-tail_pieces / tail_merge_if_last), its rules against the traits' static_asserts, the loader's partials and counts, and
+tail_pieces / tail_combine), its rules against the traits' static_asserts, the loader's partials and combine, and
 a model of what the cut buys on the benchmark rows."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import space
 import space.wgmma  # noqa: F401  (registers the family)
 from space import Config, Problem
-from space.wgmma import TAIL_MERGE_COST, TAIL_MIN_KEY_TILES, TAIL_PIECE_COST, TailPlan, tail_plan
+from space.wgmma import TAIL_COMBINE_COST, TAIL_MIN_KEY_TILES, TAIL_PIECE_COST, TailPlan, tail_plan
 
 ARCH = space.get_arch("sm_90")
 # the shipped d128 ping-pong config (persistent), with the tail cut
@@ -36,7 +36,7 @@ def test_every_unit_of_the_cut_tiles_is_run_once_in_pieces_of_two_tiles_at_most(
         assert plan is None
         return
     share = -(-rest * key_tiles // min(ctas, rest * key_tiles // TAIL_MIN_KEY_TILES))
-    if share + TAIL_PIECE_COST + TAIL_MERGE_COST >= key_tiles:  # not worth the pieces' costs and the combine's
+    if share + TAIL_PIECE_COST + TAIL_COMBINE_COST >= key_tiles:  # not worth the pieces' costs and the combine's
         assert plan is None
         return
     assert plan.full_end == full * ctas and plan.tail_tiles == rest and plan.ctas <= ctas
@@ -108,13 +108,6 @@ def test_the_kernels_arithmetic_is_the_twins(tmp_path):
     assert got == want
 
 
-def test_no_cut_overflows_the_kernels_32_bit_arithmetic():
-    # 264 CTAs, 263 tiles left of 40000 key tiles (5.1 M keys at Bc 128): 264 × 10.5 M units pass 2^31
-    assert tail_plan(264 * 2 + 263, 264, 40000) is None
-    plan = tail_plan(264 * 2 + 263, 264, 30000)
-    assert plan is not None and plan.ctas * plan.units < 2 ** 31
-
-
 def test_a_round_that_is_whole_or_absent_is_not_cut():
     assert tail_plan(132, 132, 32) is None   # one round, full
     assert tail_plan(128, 128, 64) is None   # the persistent grid is min(tiles, CTAs): fewer tiles, one round
@@ -146,17 +139,13 @@ def test_tail_split_is_valid_only_on_equal_rounds():
         "tail_split_needs_equal_rounds"]
     grid = SHIP_P.replace(scheduler="grid")
     assert [v.rule for v in space.violations(grid, full, ARCH)] == ["tail_split_needs_equal_rounds"]
-    # d256's persistent loop with two consumer warpgroups is at its register budget: a second copy of it spills
-    # (ptxas 13.0: 56 B overlapped), and with the merge in the kernel so does the loop without overlap (20 B)
+    # d256's persistent overlapped loop is at its register budget: a second copy of it spills (ptxas 13.0: 56 B)
     d256 = space.default_config(Problem(256, "bf16", False), ARCH, "wgmma").replace(scheduler="persistent",
                                                                                    tail_split=True)
     assert [v.rule for v in space.violations(d256, Problem(256, "bf16", False), ARCH)] == [
         "tail_split_fits_registers"]
-    assert [v.rule for v in space.violations(d256.replace(overlap=False, pingpong=False, o_rescale="after"),
-                                             Problem(256, "bf16", False), ARCH)] == ["tail_split_fits_registers"]
-    # one consumer warpgroup has the registers (224 and 203, no spill, with and without overlap)
-    one = d256.replace(consumer_wgs=1, bc=64, setmaxnreg=False, overlap=False, pingpong=False, o_rescale="after")
-    assert space.is_valid(one, Problem(256, "bf16", False), ARCH)
+    assert space.is_valid(d256.replace(overlap=False, pingpong=False, o_rescale="after"),
+                          Problem(256, "bf16", False), ARCH)
 
 
 def test_the_fast_enumeration_agrees_with_the_rules_on_the_tail_axis():
@@ -168,7 +157,7 @@ def test_the_fast_enumeration_agrees_with_the_rules_on_the_tail_axis():
     assert not any(c.tail_split for c in space.valid_configs(Problem(128, "bf16", True), ARCH, ("wgmma",)))
 
 
-def test_the_loader_allocates_the_pieces_partials_and_their_arrival_counts_and_launches_nothing_after(monkeypatch):
+def test_the_loader_allocates_the_pieces_partials_and_launches_the_tail_combine(monkeypatch):
     torch = pytest.importorskip("torch")
     from autotune.launch import loader
     from autotune.launch.params import InputShape
@@ -180,18 +169,19 @@ def test_the_loader_allocates_the_pieces_partials_and_their_arrival_counts_and_l
     shape = InputShape(batch=4, heads=16, kv_heads=16, seqlen_q=4096, seqlen_k=4096, head_dim=128, dtype="bf16")
     plan = runner.tail_plan(shape, (132, 1, 1))
     assert plan == tail_plan(2048, 132, 32)
-    assert runner.combine(shape) is None and loaded == []  # the last piece of each cut tile merges it in the kernel
+    combine = runner.combine(shape, grid=(132, 1, 1))
+    assert combine.kernel.entry == loader.TAIL_COMBINE_ENTRY == "flash_fwd_tail_combine"
+    assert combine.grid == (68 * 128 // 4, 1, 1) and combine.block == (128, 1, 1)  # a warp per row of a cut tile
     o, lse = loader.tail_partials(plan, 128, 128, "cpu")
     assert o.shape == (2 * 132, 128, 128) and lse.shape == (2 * 132, 128) and o.dtype == torch.float32
     assert loader.tail_partials(None, 128, 128, "cpu") == ()
-    # one arrival count per consumer warp's 16 rows of each of the 68 cut tiles (flash_fwd.cu: tail_merge_if_last)
-    assert loader.tail_counter_words(plan, 128) == 68 * 8 and loader.tail_counter_words(None, 128) == 0
-    assert loader.tail_counter_words(tail_plan(4096, 132, 32), 192) == (4096 - 31 * 132) * 12
-    # a shape whose last round is whole: no cut
+    with pytest.raises(ValueError, match="grid"):
+        runner.combine(shape)
+    # a shape whose last round is whole: nothing to merge
     whole = InputShape(batch=1, heads=33, kv_heads=33, seqlen_q=512, seqlen_k=4096, head_dim=128, dtype="bf16")
-    assert runner.tail_plan(whole, (132, 1, 1)) is None
+    assert runner.tail_plan(whole, (132, 1, 1)) is None and runner.combine(whole, grid=(132, 1, 1)) is None
     runner.layout = space.layout(SHIP_P.replace(tail_split=False), Problem(128, "bf16", False))
-    assert runner.tail_plan(shape, (132, 1, 1)) is None and runner.combine(shape) is None
+    assert runner.tail_plan(shape, (132, 1, 1)) is None and runner.combine(shape, grid=(132, 1, 1)) is None
 
 
 class _Kernel:

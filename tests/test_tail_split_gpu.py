@@ -1,11 +1,9 @@
-"""tail_split on the GPU: the last round's tiles cut along the keys, each merged by its last piece in the kernel.
+"""tail_split on the GPU: the last round's tiles cut along the keys and merged by flash_fwd_tail_combine.
 
 A shape whose last round is part-empty and long enough to cut (space.wgmma.tail_plan for the launch's own grid),
 with seqlen_q and seqlen_k not multiples of the tiles, grouped K/V heads and the logsumexp: a prepared Launch, a
-Relaunch and a CUDA-graph replay of it against SDPA with O and lse poisoned. Then the loader's zeroing of the
-pieces' arrival counts is switched off, so that the launch finds the counts its previous launch left: no piece
-finds itself the last, the cut tiles' rows must stay poisoned and every other row right, so the counted merge is
-what completes them.
+Relaunch and a CUDA-graph replay of it against SDPA with O and lse poisoned. Then the combine is switched off:
+the cut tiles' rows must stay poisoned, every other row right, so the combine is what completes them.
 """
 from __future__ import annotations
 
@@ -39,7 +37,7 @@ GROUP = SHAPE.heads // SHAPE.kv_heads
 @pytest.mark.gpu
 @pytest.mark.skipif(not IS_HOPPER, reason="needs a Hopper (sm_90) GPU")
 @pytest.mark.parametrize("config", CONFIGS, ids=["pingpong-smem", "overlap-direct", "one-wg-two-ctas"])
-def test_the_cut_tiles_are_merged_by_their_last_piece(build_cache_dir, monkeypatch, config):
+def test_the_cut_tiles_are_merged_by_the_tail_combine(build_cache_dir, monkeypatch, config):
     from autotune.build.builder import Builder
     from autotune.launch import loader
     from autotune.measure.check import _torch_sdpa, make_inputs
@@ -58,8 +56,7 @@ def test_the_cut_tiles_are_merged_by_their_last_piece(build_cache_dir, monkeypat
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
     launch = runner.prepare(q, k, v, o, lse)
     plan = runner.tail_plan(loader.InputShape(1, 38, 19, 1000, 1500, 128, "bf16"), launch.grid)
-    assert plan is not None and launch.combine is None, (launch.grid, plan)
-    assert launch.counter.numel() == loader.tail_counter_words(plan, runner.layout.rows_per_block)
+    assert plan is not None and launch.combine is not None, (launch.grid, plan)
     assert (launch.params.tail_full_end, launch.params.tail_ctas) == (plan.full_end, plan.ctas)
 
     def run_and_compare(call) -> None:
@@ -86,10 +83,8 @@ def test_the_cut_tiles_are_merged_by_their_last_piece(build_cache_dir, monkeypat
     for _ in range(2):
         run_and_compare(graph.replay)
 
-    # the arrival counts left as the last launch left them (each at its pieces' number): exactly the existing rows
-    # of the cut tiles stay poisoned
-    launch()
-    monkeypatch.setattr(loader, "_zero_counter", lambda address, words, stream: None)
+    # the combine switched off: exactly the existing rows of the cut tiles stay poisoned
+    monkeypatch.setattr(loader.Combine, "__call__", lambda self, params, stream=None: None)
     o.fill_(float("nan"))
     launch()
     torch.cuda.synchronize()

@@ -152,9 +152,8 @@ D256 += tuple((p, Config.make("wgmma", consumer_wgs=2, bc=80, stages=2, setmaxnr
               for p in (Problem(256, dt, c) for dt in space.DTYPES for c in (False, True))
               for ov, pp, r in ((False, False, "after"), (True, False, "before"), (True, False, "fused"),
                                 (False, False, "fused")))
-# tail_split at d256: one consumer warpgroup (with two, the loop is over its register margin with the tail's copy
-# and merge, overlapped or not)
-D256 += tuple((p, Config.make("wgmma", consumer_wgs=1, bc=64, stages=2, setmaxnreg=False, overlap=False, pingpong=False,
+# tail_split at d256: the loop without overlap (the overlapped one is over its register margin with the tail's copy)
+D256 += tuple((p, Config.make("wgmma", consumer_wgs=2, bc=80, stages=2, setmaxnreg=True, overlap=False, pingpong=False,
                               o_store="smem", min_blocks=1, scheduler="persistent", tail_split=True))
               for p in (Problem(256, dt, False) for dt in space.DTYPES))
 PLAN = tuple((p, c) for p in PROBLEMS for c in plan_for(p)) + D256

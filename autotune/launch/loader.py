@@ -136,10 +136,9 @@ def _current_context() -> int:
     return ctx.value or 0
 
 
-def _zero_counter(address: int, words: int, stream: int) -> None:
-    """Zero the int32 words at `address` (params.tile_counter) on `stream`, ahead of the launch that reads them
-    (stream order)."""
-    code = memset_d32_async_fn()(address, 0, words, stream)
+def _zero_counter(address: int, stream: int) -> None:
+    """Zero the int32 tile counter at `address` on `stream`, ahead of the launch that reads it (stream order)."""
+    code = memset_d32_async_fn()(address, 0, 1, stream)
     if code:
         raise CudaError("cuMemsetD32Async(tile_counter)", error_name(code))
 
@@ -293,6 +292,8 @@ def _family(name: str) -> space.Family:
 
 # split-KV's merge kernel, in every cubin of both families (kernels/common/split_combine.cuh)
 COMBINE_ENTRY = "flash_fwd_combine"
+# the merge of a tail-split build's cut tiles, in every cubin of the wgmma family (kernels/sm90/flash_fwd.cu)
+TAIL_COMBINE_ENTRY = "flash_fwd_tail_combine"
 COMBINE_ROWS_PER_BLOCK = 4            # one warp per (batch, head, query row), 128 threads (kCombineRowsPerBlock)
 # Launch the combine with programmatic dependent launch on sm_90+ (its launch overlaps the split kernel's tail; the
 # kernel waits for the splits' partials itself, griddepcontrol.wait). On by default since the H200 decode table
@@ -331,15 +332,14 @@ class Launch:
     map_encoders: tuple = ()
     partial_elems: tuple[int, int] | None = None
     device: object = None  # the tensors' torch.device, where a Relaunch allocates partials (None: the kernel's)
-    # params.tile_counter's int32 words, zeroed on the launch's stream before every launch (a Relaunch gets fresh
-    # ones per call): the one the CTAs of a space.Layout.tile_counter build take their tiles from, or a cut
-    # tail-split launch's arrival counts (tail_counter_words)
+    # space.Layout.tile_counter builds: the int32 the CTAs take their tiles from (params.tile_counter), zeroed on the
+    # launch's stream before every launch (a Relaunch gets a fresh one per call)
     counter: object = None
 
     def __call__(self, stream=None) -> None:
         if self.counter is not None:
             stream = _stream_handle(stream, self.kernel.device)
-            _zero_counter(self.counter.data_ptr(), self.counter.numel(), stream)
+            _zero_counter(self.counter.data_ptr(), stream)
         self.kernel.launch(self.params, self.grid, self.block, self.smem_dynamic, stream, self.extra_args)
         if self.combine is not None:
             self.combine(self.params, stream)
@@ -385,15 +385,15 @@ class Relaunch:
             self._combine_pointers = (ctypes.c_void_p * 1)(ctypes.addressof(self.params))
             self._combine_config = _programmatic_config(combine.grid, combine.block, 0) if combine.programmatic \
                 else None
-        if combine is not None and launch.partial_elems is None:
-            raise ValueError("launch: a split-KV launch needs its partials' sizes (partial_elems) beside its combine")
-        self._workspace_elems = 0
+        if (combine is None) != (launch.partial_elems is None):
+            raise ValueError("launch: a split-KV or tail-split launch needs its combine and its partials' sizes "
+                             "(partial_elems)")
         if launch.partial_elems is not None:
             o_elems, lse_elems = launch.partial_elems
             self._workspace_elems, self._lse_offset = o_elems + lse_elems, o_elems * 4
         self._empty, self._fp32, self._int32 = torch.empty, torch.float32, torch.int32
         self._device = launch.device if launch.device is not None else torch.device("cuda", self.kernel.device)
-        self._counter_words = launch.counter.numel() if launch.counter is not None else 0
+        self._takes_counter = launch.counter is not None
         self._lock = threading.Lock()
 
     def __call__(self, q: int, k: int, v: int, o: int, lse: int | None = None, seqused_k: int | None = None,
@@ -415,15 +415,15 @@ class Relaunch:
                 p.seqused_k = seqused_k
             if self._maps and self._mapped != [q, k, v][:len(self._maps)]:
                 self._point_maps((q, k, v))
-            if self._workspace_elems:  # fresh partials per call: safe across streams and CUDA graphs
+            if self.combine is not None:  # fresh partials per call: safe across streams and CUDA graphs
                 workspace = self._empty(self._workspace_elems, dtype=self._fp32, device=self._device)
                 p.o_partial = base = workspace.data_ptr()
                 p.lse_partial = base + self._lse_offset
             kernel._make_current()
-            if self._counter_words:  # fresh counters per call too, zeroed in stream order before the kernel reads them
-                counter = self._empty(self._counter_words, dtype=self._int32, device=self._device)
+            if self._takes_counter:  # a fresh counter per call too, zeroed in stream order before the kernel reads it
+                counter = self._empty(1, dtype=self._int32, device=self._device)
                 p.tile_counter = counter.data_ptr()
-                _zero_counter(p.tile_counter, self._counter_words, handle)
+                _zero_counter(p.tile_counter, handle)
             _enqueue(kernel.entry, kernel._handle, self.grid, self.block, self.smem_dynamic, handle, self._pointers)
             if self.combine is not None:
                 combine = self.combine
@@ -494,16 +494,28 @@ class KernelRunner:
         tiles = -(-shape.seqlen_q // self.layout.rows_per_block) * shape.heads * shape.batch
         return tail_plan(tiles, grid[0], -(-shape.seqlen_k // self.config.bc))
 
-    def combine(self, shape: InputShape, device: int | None = None) -> Combine | None:
-        """The merge of a split-KV build's partials (flash_fwd_combine, same cubin), or None where there is nothing
-        to merge after the kernel (a tail-split build's cut tiles are merged inside it: their last piece does)."""
-        if self.layout.kv_splits == 1:
+    def combine(self, shape: InputShape, device: int | None = None,
+                grid: tuple[int, int, int] | None = None) -> Combine | None:
+        """The merge of a split-KV build's partials (flash_fwd_combine, same cubin), or of a tail-split build's cut
+        tiles (flash_fwd_tail_combine; needs the kernel's `grid`), or None where there is nothing to merge."""
+        if self.layout.kv_splits > 1:
+            rows = shape.batch * shape.heads * shape.seqlen_q
+            entry = COMBINE_ENTRY
+        elif self.layout.tail_split:
+            if grid is None:
+                raise ValueError(f"grid: the tail combine of {self.config.key} needs the kernel's grid (its CTAs "
+                                 "decide the cut)")
+            plan = self.tail_plan(shape, grid)
+            if plan is None:
+                return None
+            rows = plan.tail_tiles * self.layout.rows_per_block
+            entry = TAIL_COMBINE_ENTRY
+        else:
             return None
-        rows = shape.batch * shape.heads * shape.seqlen_q
         blocks = -(-rows // COMBINE_ROWS_PER_BLOCK)
         if blocks > MAX_GRID_X:
             raise ValueError(f"q: {rows} query rows need {blocks} combine blocks (max {MAX_GRID_X})")
-        kernel = load_kernel(self._cubin, COMBINE_ENTRY, 0, device)
+        kernel = load_kernel(self._cubin, entry, 0, device)
         return Combine(kernel, (blocks, 1, 1), (32 * COMBINE_ROWS_PER_BLOCK, 1, 1),
                        COMBINE_PROGRAMMATIC and kernel.compute_capability()[0] >= 9)
 
@@ -523,19 +535,18 @@ class KernelRunner:
         plan = self.tail_plan(shape, grid)
         partials = split_partials(self.layout.kv_splits, shape, q.device) or \
             tail_partials(plan, self.layout.rows_per_block, shape.head_dim, q.device)
-        if plan is not None:  # the cut the kernel follows (none: both fields stay 0)
+        if plan is not None:  # the cut the kernel and its combine follow (none: both fields stay 0)
             params.tail_full_end, params.tail_ctas = plan.full_end, plan.ctas
         if partials:
             params.o_partial, params.lse_partial = (t.data_ptr() for t in partials)
         counter = None
-        words = 1 if self.layout.tile_counter else tail_counter_words(plan, self.layout.rows_per_block)
-        if words:
+        if self.layout.tile_counter:
             import torch
 
-            counter = torch.empty(words, dtype=torch.int32, device=q.device)  # Launch.__call__ zeroes it
+            counter = torch.empty(1, dtype=torch.int32, device=q.device)  # Launch.__call__ zeroes it
             params.tile_counter = counter.data_ptr()
         return Launch(kernel, params, grid, (self.layout.threads, 1, 1), self.layout.smem_dynamic,
-                      (q, k, v, o, lse, seqused_k, *partials), extra, self.combine(shape, q.device.index),
+                      (q, k, v, o, lse, seqused_k, *partials), extra, self.combine(shape, q.device.index, grid),
                       encoders, tuple(t.numel() for t in partials) if partials else None, q.device, counter)
 
     def run(self, q, k, v, o, lse=None, scale: float | None = None, causal_align: str = "upper_left",
@@ -581,13 +592,6 @@ def tail_partials(plan, rows_per_block: int, head_dim: int, device) -> tuple:
     if plan is None:
         return ()
     return _partials((2 * plan.ctas, rows_per_block), head_dim, device)
-
-
-def tail_counter_words(plan, rows_per_block: int) -> int:
-    """params.tile_counter's words for a tail-split launch (plan: space.wgmma.TailPlan, or None: no cut, none):
-    one per 16 rows (a consumer warp's) of each cut tile, where the pieces count themselves in
-    (flash_fwd.cu: tail_merge_if_last)."""
-    return 0 if plan is None else plan.tail_tiles * (rows_per_block // 16)
 
 
 def attention_with(build, q, k, v, scale: float | None = None, return_lse: bool = False):

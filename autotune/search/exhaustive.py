@@ -3,7 +3,7 @@
 A sampler earns its keep on a large space; on a small one it spends its budget rediscovering configs it already
 tried (repeats and invalid asks), and may still miss the optimum. So before the trial loop the search counts the
 valid configs of the searched families (space/ rules, no compiling) and, when there are no more of them than
-`--trials`, sweeps them all (wgmma at head_dim 256: 3592 valid configs with --trials 3592 or more; d128 35616 and
+`--trials`, sweeps them all (wgmma at head_dim 256: 3656 valid configs with --trials 3656 or more; d128 35616 and
 d64 77872 are sampled at the default budget; a replay counts the configs of its landscape's axis values):
 
 * the trial budget becomes the number of valid configs (there is nothing else to try);

@@ -21,9 +21,7 @@ struct FlashFwdParams {
     int causal_offset;
     // Split-KV builds (AT_KV_SPLITS > 1, either family): each split of the key range writes its O normalised by its own row
     // sum, fp32 (splits, batch, heads, seqlen_q, head_dim) contiguous, and its natural-log logsumexp, fp32 (splits,
-    // batch, heads, seqlen_q); flash_fwd_combine merges them into o (and lse).
-    // Tail-split builds whose last round is cut: the pieces' partials, (2 × tail_ctas, Br, head_dim) and (2 ×
-    // tail_ctas, Br), slot 2i + k for piece k of CTA i. Null otherwise.
+    // batch, heads, seqlen_q); flash_fwd_combine merges them into o (and lse). Null otherwise.
     float* o_partial;
     float* lse_partial;
     // Builds with AT_SEQUSED_K (space.Problem(seqused_k=True)): int32 (batch,), the number of keys batch row b uses,
@@ -33,11 +31,9 @@ struct FlashFwdParams {
     // kernel shifts it by seqused_k[b] - seqlen_k). Null, and never read, otherwise. Last, so the offsets above
     // are those of the block without it.
     const int* seqused_k;
-    // The wgmma family's persistent scheduler, int32 words zero at launch (the loader zeroes them before every
-    // launch): causal builds, one word, from which each CTA past its first tile takes the next one of the order
-    // (atomicAdd); tail-split builds whose last round is cut, one word per 16 rows of each cut tile, counting the
-    // pieces that have written their partials (the last merges them). Null, and never read, otherwise. After
-    // seqused_k, so the offsets above are those of the block without it.
+    // Causal builds of the wgmma family's persistent scheduler: int32, zero at launch (the loader zeroes it before
+    // every launch); each CTA past its first tile takes the next one of the order from it (atomicAdd). Null, and
+    // never read, otherwise. After seqused_k, so the offsets above are those of the block without it.
     int* tile_counter;
     // Tail-split builds of the wgmma family's persistent scheduler (space.Layout.tail_split): the cut of the last round
     // the loader chose for this launch's grid (space.wgmma.tail_plan): tiles [0, tail_full_end) run whole, the rest

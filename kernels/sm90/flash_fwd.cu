@@ -731,90 +731,6 @@ __device__ __forceinline__ void release_q(const Smem& sm, uint32_t slot) {
     if (threadIdx.x % 32 == 0) mbar_arrive(sm.q_empty(slot));
 }
 
-// A piece's weight in a cut tile's merge: exp(lse - the row's max lse); 0 for a piece that saw no key (not reached
-// without masking) and for every piece of a row with none (max -inf).
-__device__ __forceinline__ float piece_weight(float lse, float mx) {
-    return lse == -CUDART_INF_F ? 0.f : __expf(lse - mx);
-}
-
-// kTailSplit, once a consumer warpgroup has run all its tiles and pieces: each warp counts the key tiles of its
-// pieces in for its 16 rows of their tiles (p.tile_counter: a word per 16 rows of each cut tile, zeroed by the loader
-// before each launch), and the warp whose count completes a tile's key tiles, every piece of it written, merges them
-// into O (and lse): O = Σ w_k O_k / Σ w_k with w_k = exp(lse_k - max lse), each thread the rows and columns it wrote.
-// Merging in the kernel rather than in one launched after it spares that launch and its wait for the whole grid:
-// 4-11 us in the stream on an H100, as much as the cut gained (docs/benchmarks.md, tail_split). Here, after the
-// loops, rather than in consume(): there, even with no plan arithmetic, the merge's code spilled 96-128 B in the
-// 128-register and d256 builds. Release/acquire: every lane fences its partials before lane 0's count; the merging
-// warp fences after it and reads the partials from L2 (ld.global.cg: other SMs wrote them, and this SM's L1 may
-// hold an earlier launch's lines).
-__device__ __forceinline__ void tail_merge_pieces(const FlashFwdParams& p, int wg) {
-    if (p.tail_ctas == 0) return;
-    const int tid = threadIdx.x % 128;
-    const int warp = tid / 32, lane = tid % 32;
-    const int local_row0 = warp * 16 + lane / 4;  // this thread's rows of a tile: local_row0 and + 8
-    const TileOrder order = tile_order(p);
-    const tail_split::Plan t = tail_plan(p, order.tiles);
-    __threadfence();
-    __syncwarp();
-#pragma unroll 1
-    for (int k = 0; k < 2; ++k) {
-        tail_split::Piece piece;
-        if (!tail_split::piece(t, static_cast<int>(blockIdx.x), k, piece)) break;
-        const int j = piece.tile, key_tiles = piece.n_end - piece.n_begin;
-        int last = 0;
-        if (lane == 0)
-            last = atomicAdd(p.tile_counter + j * (kBr / 16) + (wg * kRowsPerWG + warp * 16) / 16, key_tiles) +
-                       key_tiles == t.n;
-        if (!__shfl_sync(0xffffffff, last, 0)) continue;
-        __threadfence();
-        const int i0 = tail_split::cta_of(t, j * t.n), i1 = tail_split::cta_of(t, (j + 1) * t.n - 1);
-        const int slot0 = tail_split::slot(t, i0, j);
-        const Tile work = tile_at(p, order, t.full_end + j);
-        const int wg_q0 = work.m_block * kBr + wg * query_rows_per_wg(p);
-        uint16_t* o_base = reinterpret_cast<uint16_t*>(p.o) + work.batch * p.o_batch_stride;
-#pragma unroll 1
-        for (int h = 0; h < 2; ++h) {
-            const RowOf row = row_of(p, wg_q0, work.head, local_row0 + 8 * h);
-            if (!row.valid) continue;  // no piece wrote it
-            auto row_index = [&](int i) {  // the partial row of CTA i's piece of this tile
-                return static_cast<long long>(tail_split::slot_after(i, i0, slot0)) * kBr + wg * kRowsPerWG +
-                       local_row0 + 8 * h;
-            };
-            float mx = -CUDART_INF_F;
-            for (int i = i0; i <= i1; ++i) mx = fmaxf(mx, __ldcg(p.lse_partial + row_index(i)));
-            float sum = 0.f;
-            for (int i = i0; i <= i1; ++i) sum += piece_weight(__ldcg(p.lse_partial + row_index(i)), mx);
-            const float inv = sum > 0.f ? 1.f / sum : 0.f;
-            if (p.lse != nullptr && lane % 4 == 0)
-                p.lse[(static_cast<long long>(work.batch) * p.heads + row.head) * p.seqlen_q + row.qrow] =
-                    sum > 0.f ? mx + __logf(sum) : -CUDART_INF_F;
-            uint16_t* o_row = o_base + row.head * p.o_head_stride + static_cast<long long>(row.qrow) * p.o_row_stride +
-                              2 * (lane % 4);
-            constexpr int kChunk = kHeadDim / 8 < 8 ? kHeadDim / 8 : 8;  // 8-column groups at a time
-#pragma unroll 1
-            for (int c0 = 0; c0 < kHeadDim / 8; c0 += kChunk) {
-                float acc[kChunk][2];
-#pragma unroll
-                for (int c = 0; c < kChunk; ++c) acc[c][0] = acc[c][1] = 0.f;
-                for (int i = i0; i <= i1; ++i) {
-                    const long long r = row_index(i);
-                    const float w = piece_weight(__ldcg(p.lse_partial + r), mx);
-                    const float* src = p.o_partial + r * kHeadDim + 8 * c0 + 2 * (lane % 4);
-#pragma unroll
-                    for (int c = 0; c < kChunk; ++c) {
-                        const float2 v = __ldcg(reinterpret_cast<const float2*>(src + 8 * c));
-                        acc[c][0] += w * v.x;
-                        acc[c][1] += w * v.y;
-                    }
-                }
-#pragma unroll
-                for (int c = 0; c < kChunk; ++c)
-                    *reinterpret_cast<uint32_t*>(o_row + 8 * (c0 + c)) = pack2(acc[c][0] * inv, acc[c][1] * inv);
-            }
-        }
-    }
-}
-
 // head: the tile's head (packed GQA: the first head of its group); n_begin, n_end: the key tiles of this CTA's
 // split (all of them without split-KV); split: which one (kTailSplit: the piece's partial slot, -1 for a whole tile).
 __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm, int wg, int m0, int head,
@@ -1008,9 +924,8 @@ __device__ __forceinline__ void consume(const FlashFwdParams& p, const Smem& sm,
     using Elem = uint16_t;
     if (kSplit || (kTailSplit && split >= 0)) {
         // This split's share (or this piece's of a cut tile): O normalised by its own row sum, and its logsumexp,
-        // both fp32, for flash_fwd_combine (a cut tile's last piece merges them: tail_merge_pieces). Written from
-        // registers: a persistent build that stages O in the Q slot (and so releases it only after the staged O is
-        // read back, below) releases it now.
+        // both fp32, for flash_fwd_combine (flash_fwd_tail_combine). Written from registers: a persistent build that
+        // stages O in the Q slot (and so releases it only after the staged O is read back, below) releases it now.
         if constexpr (kPersistent && kOStoreSmem) release_q(sm, q_slot);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -1107,7 +1022,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
     sm.v = sm.k + kStages * kKVTileBytes;
     sm.bars = sm.v + kStages * kKVTileBytes;
     // the combine's launch may overlap this kernel
-    if constexpr (kSplit) split_kv::allow_combine_launch();
+    if constexpr (kSplit || kTailSplit) split_kv::allow_combine_launch();
 
     // One tile per CTA (grid, lpt): which one, worked out before the barrier set-up as it always was (unused, and
     // compiled away, when persistent: each role walks its own sequence below).
@@ -1198,14 +1113,70 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinBlocks)
                 consume(p, sm, warpgroup - 1, work_m0, work.head, work.batch, n_from, n_to, slot, ring, q_seq);
             });
             turns.close();
-            if constexpr (kTailSplit) tail_merge_pieces(p, warpgroup - 1);
         }
     }
 }
 
 namespace sm90 {
 
+// kTailSplit's second step: one warp per row of a cut tile merges the pieces that CTAs cta_of(first unit) ..
+// cta_of(last unit) wrote (tail_plan.h: slot), as split_kv::combine merges splits: O = Σ w_k O_k / Σ w_k with
+// w_k = exp(lse_k - max lse). Rows past seqlen_q, which no piece wrote, are skipped. Launch: grid ceil(cut tiles ×
+// kBr / kCombineRowsPerBlock), block kCombineThreads, the attention kernel's parameter block (its cut).
+__device__ __forceinline__ void tail_combine(const FlashFwdParams& p) {
+    split_kv::wait_for_splits();
+    const TileOrder order = tile_order(p);
+    const tail_split::Plan t = tail_plan(p, order.tiles);
+    const long long row = static_cast<long long>(blockIdx.x) * split_kv::kCombineRowsPerBlock + threadIdx.x / 32;
+    if (t.ctas == 0 || row >= static_cast<long long>(order.tiles - t.full_end) * kBr) return;
+    const int j = static_cast<int>(row / kBr), local = static_cast<int>(row - static_cast<long long>(j) * kBr);
+    const Tile work = tile_at(p, order, t.full_end + j);
+    const int qrow = work.m_block * kBr + local;
+    if (qrow >= p.seqlen_q) return;
+    const int lane = threadIdx.x % 32;
+    const long long first = static_cast<long long>(j) * t.n;
+    const int i0 = tail_split::cta_of(t, first), i1 = tail_split::cta_of(t, first + t.n - 1);
+    const int slot0 = tail_split::slot(t, i0, j);
+    auto slot_row = [&](int i) { return static_cast<long long>(tail_split::slot_after(i, i0, slot0)) * kBr + local; };
+    // Lanes read the pieces' lse side by side and weigh them; the O rows are then read with no branch on a loaded
+    // value between them, so a warp has every piece's loads in flight at once (a chain of dependent reads per piece
+    // made this kernel 12 us under ncu on the d128 N4096 row, 1.5 % of the main kernel).
+    float mx = -CUDART_INF_F;
+    for (int i = i0 + lane; i <= i1; i += 32) mx = fmaxf(mx, p.lse_partial[slot_row(i)]);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, off));
+    constexpr int kColsPerLane = kHeadDim / 32;
+    float acc[kColsPerLane];
+#pragma unroll
+    for (int c = 0; c < kColsPerLane; ++c) acc[c] = 0.f;
+    float sum = 0.f;
+    for (int base = i0; base <= i1; base += 32) {  // more than 32 pieces only where a tile has very many key tiles
+        const int count = min(32, i1 - base + 1);
+        const float lse_i = lane < count ? p.lse_partial[slot_row(base + lane)] : -CUDART_INF_F;
+        // a piece that saw no key (lse -inf, not reached without masking) weighs 0; so does every piece of an
+        // all-masked row (mx -inf)
+        const float w = lse_i == -CUDART_INF_F ? 0.f : __expf(lse_i - mx);
+        float s = w;
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) s += __shfl_xor_sync(0xffffffff, s, off);
+        sum += s;
+#pragma unroll 4
+        for (int k = 0; k < count; ++k)
+            split_kv::add_weighted(acc, p.o_partial + slot_row(base + k) * kHeadDim + lane * kColsPerLane,
+                                   __shfl_sync(0xffffffff, w, k));
+    }
+    split_kv::store_o_row<kColsPerLane, kBf16>(p, work.batch, work.head, qrow, lane, acc, sum > 0.f ? 1.f / sum : 0.f);
+    if (p.lse != nullptr && lane == 0)
+        p.lse[(static_cast<long long>(work.batch) * p.heads + work.head) * p.seqlen_q + qrow] =
+            sum > 0.f ? mx + __logf(sum) : -CUDART_INF_F;
+}
+
 }  // namespace sm90
+
+extern "C" __global__ void __launch_bounds__(split_kv::kCombineThreads)
+    flash_fwd_tail_combine(const __grid_constant__ FlashFwdParams p) {
+    if constexpr (kTailSplit) tail_combine(p);
+}
 
 // Split-KV's second step (kernels/common/split_combine.cuh, shared with the mma_sync family): the loader launches
 // it after a split build; a no-op in builds without splits (the loader never launches it there).

@@ -67,9 +67,8 @@ constexpr bool kSplit = kSplits > 1;
 // Tail split (persistent, non-causal): equal tiles in fixed rounds of gridDim.x leave the last round part-empty (d128
 // N4096: 2048 tiles on 132 CTAs = 15.52 rounds, 3 % of the kernel idle; a DiT's 864: 6.5 %). With it the full rounds
 // run as before and the last round's tiles are cut along the keys into about equal pieces, one or two per CTA, over
-// all the CTAs (stream-K's tail); each piece writes fp32 partials, and the last piece of a tile to finish merges
-// them by their logsumexp (flash_fwd.cu: tail_merge_if_last). The loader decides the cut (space/wgmma.py: tail_plan);
-// tail_plan.h: its shares, pieces and slots.
+// all the CTAs (stream-K's tail); each piece writes fp32 partials that flash_fwd_tail_combine merges by their
+// logsumexp. The loader decides the cut (space/wgmma.py: tail_plan); tail_plan.h: its shares, pieces and slots.
 constexpr bool kTailSplit = AT_TAIL_SPLIT != 0;
 // Packed GQA: the heads/kv_heads query heads that share one K/V head are the rows of one tile (local row r is query
 // row r / G of head r % G, G = heads / kv_heads), grid.y runs over K/V heads: a decode step reads each K/V tile once
@@ -143,12 +142,10 @@ constexpr int kConsumerRegs = kConsumerRegsRaw > 240 ? 240 : kConsumerRegsRaw;
 // and after K/V got separate releases), so the 72 applies there as well; d128 causal at Bc 192 has no spill at 32.
 // softmax_reduce=tree's partials spill the persistent overlapped d256 loop too (non-causal, o_rescale=after), and so
 // do exp2_fma's polynomial temporaries (Bc 80: 24 B), and tail_split's second copy of the tile loop (the d256
-// default: 56 B; its own rule, tail_split_fits_registers, so that the other rules never read the tail axes). With the
-// tail's merge in the kernel (flash_fwd.cu: tail_merge_pieces) the persistent d256 loop without overlap spills too
-// (Bc 80: 20 B), so tail_split takes the 72 at d256 whatever the overlap.
+// default: 56 B; its own rule, tail_split_fits_registers, so that the other rules never read the tail axes).
 constexpr bool kTightRegs = kOverlap && kPersistent &&
                             (kRescaleBefore || (kHeadDim == 256 && (kCausal || kSoftmaxTree || kExp2FmaEvery > 0)));
-constexpr bool kTightRegsTail = kPersistent && kHeadDim == 256 && kTailSplit;
+constexpr bool kTightRegsTail = kOverlap && kPersistent && kHeadDim == 256 && kTailSplit;
 constexpr int kRegOverhead = kTightRegs ? 72 : kOverlap ? 32 : 8;
 constexpr int kAccumulatorRegs = kBc / 2 + kHeadDim / 2 + kBc / 4 + kRegOverhead;
 constexpr int kAccumulatorRegsTail = kBc / 2 + kHeadDim / 2 + kBc / 4 + (kTightRegsTail ? 72 : kRegOverhead);

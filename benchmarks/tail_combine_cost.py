@@ -1,22 +1,22 @@
 #!/usr/bin/env python3
-"""What tail_split's cut buys and what merging its pieces costs, as a user's call runs them, on the GPU.
+"""What tail_split's cut buys and what its combine costs, as a user's call runs them (one stream, L2 warm for the
+partials the kernel has just written), on the GPU.
 
-    python benchmarks/tail_cut_cost.py [--shape KEY ... --config KEY ...] [--rounds 4] [--out DIR]
+    python benchmarks/tail_combine_cost.py [--shape KEY ...] [--config KEY ...] [--rounds 4] [--out DIR]
 
 For each shape and config (default: the d128 fp16 and bf16 rows, the DiT and d64 N4096 with the shipped P and T
 configs, and the ViT with a cut forced so its cost shows), three variants of one prepared launch are timed with
 autotune.measure.timing.bench (L2 flushed before each repetition, CUDA events around the call), interleaved over
 rounds, each round starting one variant further on:
 
-    whole       the config without the axis (tail_split=0): the last round runs whole
-    unmerged    the tail_split=1 launch with its arrival counts left as its last call left them (complete), so that
-                no warp finds itself the last of a tile and nothing is merged: the cut alone (timing only)
-    cut         the same launch as a user calls it: the counts zeroed, the kernel, each cut tile merged by its last
-                piece (flash_fwd.cu: tail_merge_pieces)
+    whole        the config without the axis (tail_split=0): the last round runs whole
+    cut          the tail_split=1 build, the main kernel alone (its cut tiles' O left unmerged: timing only)
+    cut+combine  the same build as a user calls it: the kernel, then flash_fwd_tail_combine
 
-Both builds are checked against the fp32 reference first (autotune.measure.check). The cut's gain is `whole -
-cut`, the merge's cost (with the counts' zeroing) `cut - unmerged`; the table also gives the merge in key tiles of
-one CTA (the unit of space.wgmma.TAIL_MERGE_COST).
+Both builds are checked against the fp32 reference first (autotune.measure.check). The combine's cost in the
+stream is `cut+combine - cut`, the cut's gain `whole - cut`: the figures space.wgmma.TAIL_COMBINE_COST models (in
+key tiles: the table gives each shape's time per key tile of one CTA). Under ncu the combine is its cold case
+(caches flushed between kernels); this is the warm one.
 
 Output: a markdown table (printed, and OUT/tail-cost.md) and OUT/tail-cost.json.
 """
@@ -50,26 +50,26 @@ DEFAULT_ROWS = (
     # the ViT's row: the plan no longer cuts it; --force-cut times the cut it used to make
     ("b64-h16-n577-d64-bf16-full", SHIP_T.replace("stages=3", "stages=4")),
 )
-VARIANTS = ("whole", "unmerged", "cut")
+VARIANTS = ("whole", "cut", "cut+combine")
 
 
 def log(*parts) -> None:
     print(*parts, flush=True)
 
 
-class _MergeCostLeftOut:
-    """tail_plan as it was before TAIL_MERGE_COST (a cut decided on the pieces' cost alone), for shapes the plan
+class _CombineCostLeftOut:
+    """tail_plan as it was before TAIL_COMBINE_COST (a cut decided on the pieces' cost alone), for shapes the plan
     now runs whole: their cut's cost, measured, is what keeps them whole."""
 
     def __enter__(self):
         import space.wgmma as w
 
-        self.saved, w.TAIL_MERGE_COST = w.TAIL_MERGE_COST, 0
+        self.saved, w.TAIL_COMBINE_COST = w.TAIL_COMBINE_COST, 0
 
     def __exit__(self, *exc):
         import space.wgmma as w
 
-        w.TAIL_MERGE_COST = self.saved
+        w.TAIL_COMBINE_COST = self.saved
 
 
 def measure_row(shape_key: str, config_key: str, rounds: int, warmup_ms: float, rep_ms: float,
@@ -101,24 +101,23 @@ def measure_row(shape_key: str, config_key: str, rounds: int, warmup_ms: float, 
     whole = whole_run.prepare(q, k, v, o)
     cut = cut_run.prepare(q, k, v, o)
     note = ""
-    if cut.counter is None and force_cut:
-        with _MergeCostLeftOut():
+    if cut.combine is None and force_cut:
+        with _CombineCostLeftOut():
             cut = cut_run.prepare(q, k, v, o)
             result = check(cut_run, shape, seed=3)
-        note = "(cut forced: the plan runs it whole)" if cut.counter is not None else ""
+        note = "(cut forced: the plan runs it whole)" if cut.combine is not None else ""
     else:
         result = check(cut_run, shape, seed=3)
     checked = check(whole_run, shape, seed=3)
     if not checked.ok or not result.ok:
         raise RuntimeError(f"{shape_key}: wrong: whole {checked.message}; cut {result.message}")
-    if cut.counter is None:
+    if cut.combine is None:
         return {"shape": shape_key, "config": cut_cfg.key, "note": "not cut: nothing to time", "us": {}}
 
-    def unmerged():  # the counts as the last call left them: every tile complete, no warp the last
+    def cut_only():
         cut.kernel.launch(cut.params, cut.grid, cut.block, cut.smem_dynamic, None, cut.extra_args)
 
-    cut()
-    calls = {"whole": whole, "unmerged": unmerged, "cut": cut}
+    calls = {"whole": whole, "cut": cut_only, "cut+combine": cut}
     # peers_table's rounds (each starting one variant further on, each variant its best round) over calls per us
     best_rate, _, rates = interleaved_best(list(VARIANTS), rounds, lambda name: 1e-3 / bench(
         calls[name], warmup_ms=warmup_ms, rep_ms=rep_ms).median_ms)
@@ -133,17 +132,17 @@ def measure_row(shape_key: str, config_key: str, rounds: int, warmup_ms: float, 
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| shape | whole (us) | cut, unmerged | cut | cut's gain | merge (and zeroing) | merge, key tiles |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| shape | whole (us) | cut, kernel alone | cut + combine | cut's gain | combine in the stream | "
+             "combine, key tiles |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         us = r["us"]
         if not us:
             lines.append(f"| {r['shape']} | {r['note']} | | | | | |")
             continue
-        gain, merge = us["whole"] - us["cut"], us["cut"] - us["unmerged"]
-        in_tiles = merge / r["us_per_key_tile"] if r.get("us_per_key_tile") else float("nan")
-        lines.append(f"| {r['shape']} | {us['whole']:.1f} | {us['unmerged']:.1f} | {us['cut']:.1f} | "
-                     f"{gain:+.1f} ({gain / us['whole']:+.1%}) | {merge:.1f} | {in_tiles:.1f} |")
+        gain, combine = us["whole"] - us["cut"], us["cut+combine"] - us["cut"]
+        in_tiles = combine / r["us_per_key_tile"] if r.get("us_per_key_tile") else float("nan")
+        lines.append(f"| {r['shape']} | {us['whole']:.1f} | {us['cut']:.1f} | {us['cut+combine']:.1f} | "
+                     f"{gain:+.1f} ({gain / us['whole']:+.1%}) | {combine:.1f} | {in_tiles:.1f} |")
     lines.append("")
     for r in rows:
         lines.append(f"- {r['shape']}: {r['config']} {r['note']}")
