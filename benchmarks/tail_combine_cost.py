@@ -132,7 +132,7 @@ def measure_row(shape_key: str, config_key: str, rounds: int, warmup_ms: float, 
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| shape | whole (us) | cut, kernel alone | cut + combine | cut's gain | combine in the stream | "
+    lines = ["| shape | whole (us) | cut, kernel alone | cut + combine | the kernel's gain | combine in the stream | "
              "combine, key tiles |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         us = r["us"]
