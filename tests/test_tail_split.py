@@ -172,6 +172,7 @@ def test_the_loader_allocates_the_pieces_partials_and_launches_the_tail_combine(
     combine = runner.combine(shape, grid=(132, 1, 1))
     assert combine.kernel.entry == loader.TAIL_COMBINE_ENTRY == "flash_fwd_tail_combine"
     assert combine.grid == (68 * 128 // 4, 1, 1) and combine.block == (128, 1, 1)  # a warp per row of a cut tile
+    assert not combine.programmatic  # a plain launch: PDL cost it 3 us after the persistent kernel
     o, lse = loader.tail_partials(plan, 128, 128, "cpu")
     assert o.shape == (2 * 132, 128, 128) and lse.shape == (2 * 132, 128) and o.dtype == torch.float32
     assert loader.tail_partials(None, 128, 128, "cpu") == ()

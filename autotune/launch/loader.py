@@ -516,8 +516,11 @@ class KernelRunner:
         if blocks > MAX_GRID_X:
             raise ValueError(f"q: {rows} query rows need {blocks} combine blocks (max {MAX_GRID_X})")
         kernel = load_kernel(self._cubin, entry, 0, device)
-        return Combine(kernel, (blocks, 1, 1), (32 * COMBINE_ROWS_PER_BLOCK, 1, 1),
-                       COMBINE_PROGRAMMATIC and kernel.compute_capability()[0] >= 9)
+        # The tail combine is launched plainly: after the persistent kernel, whose CTAs hold every SM to its end,
+        # PDL overlaps nothing and cost 3 us more per call on an H100 (docs/benchmarks.md, tail_split; its
+        # griddepcontrol.wait then returns at once)
+        programmatic = entry == COMBINE_ENTRY and COMBINE_PROGRAMMATIC and kernel.compute_capability()[0] >= 9
+        return Combine(kernel, (blocks, 1, 1), (32 * COMBINE_ROWS_PER_BLOCK, 1, 1), programmatic)
 
     def prepare(self, q, k, v, o, lse=None, scale: float | None = None, causal_align: str = "upper_left",
                 seqused_k=None) -> Launch:
