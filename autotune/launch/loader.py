@@ -296,9 +296,9 @@ COMBINE_ENTRY = "flash_fwd_combine"
 TAIL_COMBINE_ENTRY = "flash_fwd_tail_combine"
 COMBINE_ROWS_PER_BLOCK = 4            # one warp per (batch, head, query row), 128 threads (kCombineRowsPerBlock)
 # Launch split-KV's combine with programmatic dependent launch on sm_90+ (its launch overlaps the split kernel's tail;
-# the kernel waits for the splits' partials itself, griddepcontrol.wait; not the tail combine: Combine below). On by
-# default since the H200 decode table measured it (docs/benchmarks.md, "Decode": B1 Nk4096 12.7 -> 11.2 µs in a CUDA
-# graph); AUTOTUNE_COMBINE_PDL=0 turns it off for a process, and benchmarks/decode_table.py --combine-pdl /
+# the kernel waits for the splits' partials itself, griddepcontrol.wait; not the tail combine: KernelRunner.combine).
+# On by default since the H200 decode table measured it (docs/benchmarks.md, "Decode": B1 Nk4096 12.7 -> 11.2 µs in a
+# CUDA graph); AUTOTUNE_COMBINE_PDL=0 turns it off for a process, and benchmarks/decode_table.py --combine-pdl /
 # --no-combine-pdl pick either.
 COMBINE_PROGRAMMATIC = os.environ.get("AUTOTUNE_COMBINE_PDL", "1") != "0"
 
