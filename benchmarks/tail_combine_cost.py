@@ -61,15 +61,16 @@ class _CombineCostLeftOut:
     """tail_plan as it was before TAIL_COMBINE_COST (a cut decided on the pieces' cost alone), for shapes the plan
     now runs whole: their cut's cost, measured, is what keeps them whole."""
 
+    # The module the loader's `from space.wgmma import tail_plan` reads, sys.modules' entry (the `space` package's
+    # attribute can be another module object where a test has re-imported it)
     def __enter__(self):
-        import space.wgmma as w
+        import space.wgmma  # noqa: F401  (registers it in sys.modules)
 
-        self.saved, w.TAIL_COMBINE_COST = w.TAIL_COMBINE_COST, 0
+        self.module = sys.modules["space.wgmma"]
+        self.saved, self.module.TAIL_COMBINE_COST = self.module.TAIL_COMBINE_COST, 0
 
     def __exit__(self, *exc):
-        import space.wgmma as w
-
-        w.TAIL_COMBINE_COST = self.saved
+        self.module.TAIL_COMBINE_COST = self.saved
 
 
 def measure_row(shape_key: str, config_key: str, rounds: int, warmup_ms: float, rep_ms: float,
