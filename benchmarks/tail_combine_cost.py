@@ -4,8 +4,9 @@ partials the kernel has just written), on the GPU.
 
     python benchmarks/tail_combine_cost.py [--shape KEY ...] [--config KEY ...] [--rounds 4] [--out DIR]
 
-For each shape and config (default: the d128 fp16 and bf16 rows, the DiT and d64 N4096 with the shipped P and T
-configs, and the ViT with a cut forced so its cost shows), three variants of one prepared launch are timed with
+For each shape and config (--shape with --config; by default the d128 fp16 and bf16 rows, the DiT, d64 N4096, and
+the ViT with a cut forced so its cost shows, each with the config autotune.attention picks for it on this GPU: the
+shipped table's), three variants of one prepared launch are timed with
 autotune.measure.timing.bench (L2 flushed before each repetition, CUDA events around the call), interleaved over
 rounds, each round starting one variant further on:
 
@@ -36,20 +37,10 @@ import space  # noqa: E402
 from peers_table import interleaved_best  # noqa: E402
 from space import Config  # noqa: E402
 
-SHIP_P = ("wgmma:consumer_wgs=2,bc=128,stages=2,setmaxnreg=1,overlap=1,pingpong=1,o_store=smem,min_blocks=1,"
-          "scheduler=persistent,o_rescale=before,softmax_reduce=chain,exp2_fma=none,tail_split=0,kv_splits=1,"
-          "pack_gqa=0")
-SHIP_T = ("wgmma:consumer_wgs=3,bc=128,stages=3,setmaxnreg=1,overlap=0,pingpong=0,o_store=smem,min_blocks=1,"
-          "scheduler=persistent,o_rescale=after,softmax_reduce=chain,exp2_fma=none,tail_split=0,kv_splits=1,"
-          "pack_gqa=0")
-DEFAULT_ROWS = (
-    ("b4-h16-n4096-d128-fp16-full", SHIP_P),
-    ("b4-h16-n4096-d128-bf16-full", SHIP_P),
-    ("b1-h24-n4608-d128-bf16-full", SHIP_P),
-    ("b4-h32-n4096-d64-fp16-full", SHIP_T),
-    # the ViT's row: the plan no longer cuts it; --force-cut times the cut it used to make
-    ("b64-h16-n577-d64-bf16-full", SHIP_T.replace("stages=3", "stages=4")),
-)
+# the shapes timed by default, each with its shipped config; the ViT's last: the plan no longer cuts it, so the cut it
+# used to make is forced (--no-force-cut: not)
+DEFAULT_SHAPES = ("b4-h16-n4096-d128-fp16-full", "b4-h16-n4096-d128-bf16-full", "b1-h24-n4608-d128-bf16-full",
+                  "b4-h32-n4096-d64-fp16-full", "b64-h16-n577-d64-bf16-full")
 VARIANTS = ("whole", "cut", "cut+combine")
 
 
@@ -73,8 +64,9 @@ class _CombineCostLeftOut:
         self.module.TAIL_COMBINE_COST = self.saved
 
 
-def measure_row(shape_key: str, config_key: str, rounds: int, warmup_ms: float, rep_ms: float,
+def measure_row(shape_key: str, config_key: str | None, rounds: int, warmup_ms: float, rep_ms: float,
                 force_cut: bool) -> dict:
+    """config_key None: the config autotune.attention picks for the shape on this GPU."""
     import torch
 
     from autotune.build.builder import Builder
@@ -85,9 +77,10 @@ def measure_row(shape_key: str, config_key: str, rounds: int, warmup_ms: float, 
     from h200_sweep import parse_shape
 
     shape = parse_shape(shape_key)
-    whole_cfg = Config.from_key(config_key).replace(tail_split=False)
+    gpu_name, arch = lookup.device_info(torch.cuda.current_device())
+    config = Config.from_key(config_key) if config_key else lookup.select_config(shape, gpu_name, arch).config
+    whole_cfg = config.replace(tail_split=False)
     cut_cfg = whole_cfg.replace(tail_split=True)
-    _, arch = lookup.device_info(torch.cuda.current_device())
     for c in (whole_cfg, cut_cfg):
         if not space.is_valid(c, shape.problem, arch):
             raise ValueError(f"--config {c.key}: not valid for {shape.problem.key} on {arch.name}: "
@@ -166,7 +159,7 @@ def main(argv=None) -> int:
         ap.error(f"--rounds: expected a positive count, got {args.rounds}")
     if (args.shape is None) != (args.config is None) or (args.shape and len(args.shape) != len(args.config)):
         ap.error("--shape and --config: give both, one --config per --shape")
-    rows_in = list(zip(args.shape, args.config)) if args.shape else list(DEFAULT_ROWS)
+    rows_in = list(zip(args.shape, args.config)) if args.shape else [(key, None) for key in DEFAULT_SHAPES]
     rows = []
     for shape_key, config_key in rows_in:
         log(f"== {shape_key}")
