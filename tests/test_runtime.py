@@ -138,10 +138,23 @@ def test_another_gpus_shipped_row_of_the_same_arch_stands_in_before_the_heuristi
     assert (near.source, near.config, near.row.seqlen) == ("same_arch", CFG_C, 8192)
     assert near.distance == pytest.approx(abs(runtime.math.log2(6000 / 8192))) and "nearest" in near.explain()
     assert needs_measuring(exact) and needs_measuring(near)  # a guess: benchmark mode still measures it
-    # a row of this GPU, even a neighbour's, comes first
+    # a neighbour row of this GPU comes before another GPU's neighbour row, but not before its exact row
     store_rows(db, entry(shape(n=1024), CFG_A))
     runtime.clear_caches()
-    assert (select(shape(), db, tables).source, select(shape(), db, tables).config) == ("nearest", CFG_A)
+    assert (select(shape(n=6000), db, tables).source, select(shape(n=6000), db, tables).config) == ("nearest", CFG_A)
+    assert (select(shape(), db, tables).source, select(shape(), db, tables).config) == ("same_arch", CFG_B)
+
+
+def test_a_few_rows_of_this_gpu_keep_another_gpus_exact_rows_for_its_other_shapes(tmp_path, db):
+    """The H100's short table beside the H200's: the H100's own exact rows first, the H200's exact rows for the
+    H100's other shapes, the H100's neighbours only for shapes neither table holds."""
+    sibling = "NVIDIA H200"
+    tables = shipped_dir(tmp_path, entry(shape(), CFG_B, gpu=sibling), entry(shape(n=8192), CFG_C, gpu=sibling))
+    shipped_dir(tmp_path, entry(shape(), CFG_A), name="h100.json")  # GPU's own row of the first shape
+    assert (select(shape(), db, tables).source, select(shape(), db, tables).config) == ("shipped", CFG_A)
+    assert (select(shape(n=8192), db, tables).source, select(shape(n=8192), db, tables).config) == ("same_arch", CFG_C)
+    near = select(shape(n=6000), db, tables)
+    assert (near.source, near.config, near.row.gpu_name) == ("nearest", CFG_A, GPU)
 
 
 def test_heuristic_is_the_space_default_for_every_arch_and_problem():

@@ -9,7 +9,11 @@ Lookup order for `select_config(shape, gpu_name, arch)`, first hit wins:
   2. shipped    the tuned tables shipped in studies/tuned/*.json (the `autotune export` format): the exact key.
                 (Then, still exact: the shape's capture bucket in 1 and 2, and a row that benchmark mode measured for
                 the shape; row_order.py.)
-  3. nearest    the closest tuned shape, from both of the above, on the same GPU name, arch, dtype, head_dim
+  3. same_arch  a shipped row of the exact key tuned on another GPU of the same arch (the H200's table on an H100:
+                one die, the same shared memory): it compiles the same kernel, tuned for this very shape, where a
+                neighbour shape's config (4) was tuned for other waves and tails, so a few rows of this GPU (a
+                user's, or a short shipped table) never hide another GPU's exact rows from this GPU's other shapes.
+  4. nearest    the closest tuned shape, from 1 and 2, on the same GPU name, arch, dtype, head_dim
                 and causal flag (those decide the compiled kernel; the rest only its speed), and of the same causal
                 alignment unless either shape is square (Nq == Nk, where the two alignments are one mask):
 
@@ -19,10 +23,9 @@ Lookup order for `select_config(shape, gpu_name, arch)`, first hit wins:
                 are the single "log seqlen" term). Ties (equal d within 1e-9) go to the closer GQA group size
                 |log2(H/Hkv) − log2(H'/Hkv')|, then to the user's storage over shipped tables, then to the
                 smaller key (seqlen, seqlen_k, batch, heads, kv_heads in that order): deterministic.
-                Decode shapes (seqlen_q <= space.DECODE_MAX_QUERIES) take only decode rows, prefill only prefill rows.
-  4. same_arch  a shipped row tuned on another GPU of the same arch (the H200's table on an H100: one die, one
-                SM count, the same shared memory): its exact key, else its nearest row as in 3. Such a row compiles
-                the same kernel and beats the pure default by far on prefill (docs/benchmarks.md); explain() names the
+                Decode shapes (seqlen_q <= space.DECODE_MAX_QUERIES) take only decode rows, prefill only prefill rows;
+                then, with no row of this GPU, the nearest row of another GPU of the arch (source same_arch).
+                A same_arch row beats the pure default by far on prefill (docs/benchmarks.md); explain() names the
                 GPU it was tuned on, and benchmark mode still measures it, as it does a nearest row.
   5. heuristic  `space.default_config_for_shape(shape, arch)`, a pure function (the family's decode default for
                 decode shapes: split-KV and packed GQA heads on sm_90, space/wgmma.py decode_default; split-KV
@@ -259,7 +262,7 @@ class Selection:
                 f"nearest tuned shape {self.row.shape.key}, distance {self.distance:.3f} "
                 "(log2 seqlen, log2 batch·heads)")
             if self.source == "same_arch":
-                how = (f"tuned on {self.row.gpu_name}, another GPU of {self.arch} (none tuned on this one; "
+                how = (f"tuned on {self.row.gpu_name}, another GPU of {self.arch} (not this shape on this one; "
                        f"`autotune search` here tunes its own), {how}")
             lines.append(f"  source: {self.source} — {how}, from {self.origin}")
             p = self.provenance
@@ -451,15 +454,18 @@ def _select(shape: Shape, gpu_name: str, arch: Arch, url: str, tables: Path | No
         if found:
             checker.notes += [note] if note else []
             return chosen(source, found, 0.0)
-    found = _nearest(tuple(c for c in stored + shipped if _stands_in_for(c, shape)), shape, checker)
-    if found:
-        return chosen("nearest", found, found[2])
+    # Another GPU's exact row before this GPU's nearest: it compiles the same kernel, tuned for this very tile
+    # count, where a neighbour shape's config was tuned for other waves and tails (a table of a few rows of this
+    # GPU, such as the H100's beside the H200's, must not hide the H200's exact rows from the H100's other shapes).
     siblings = tuple(c for c in for_problem if c.entry.gpu_name != gpu_name)
     if siblings:
         searched += (f"shipped tables {tables} ({len(siblings)} rows for other GPUs of {arch.name} and this problem)",)
     found = _exact(siblings, shape, checker)
     if found:
         return chosen("same_arch", found, 0.0)
+    found = _nearest(tuple(c for c in stored + shipped if _stands_in_for(c, shape)), shape, checker)
+    if found:
+        return chosen("nearest", found, found[2])
     found = _nearest(tuple(c for c in siblings if _stands_in_for(c, shape)), shape, checker)
     if found:
         return chosen("same_arch", found, found[2])
