@@ -90,7 +90,8 @@ def measure_shape(shape: Shape, warmup_ms: float, rep_ms: float, rounds: int = 1
         want = F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal, **gqa)
         ours = lambda: autotune.attention(q, k, v, causal=shape.causal)  # noqa: E731
         err = rel_error(ours(), want)
-        row["config"] = autotune.explain(q, k, v, causal=shape.causal).splitlines()[0]
+        # the config and where it came from (shipped exact, another GPU's row of the arch, nearest, heuristic)
+        row["config"], row["source"] = autotune.explain(q, k, v, causal=shape.causal).splitlines()[:2]
         if not err <= TOLERANCE:
             row["notes"]["ours"] = f"wrong: relative error {err:.3g} vs SDPA"
         else:
@@ -172,6 +173,8 @@ def markdown(rows: list[dict]) -> str:
     lines.append("")
     for r in rows:
         lines.append(f"- {r['config']}")
+        if r.get("source"):
+            lines.append(f"  - {r['source'].strip()}")
         if r.get("samples"):
             lines.append(f"  - {r['rounds']} rounds (TFLOPS each; each round starts one kernel further on): "
                          + "; ".join(f"{name} {' / '.join(f'{t:.0f}' for t in got)}"

@@ -27,3 +27,14 @@ def test_rounds_interleave_rotate_and_keep_each_columns_best():
 def test_rounds_must_be_positive():
     with pytest.raises(SystemExit):
         peers_table.main(["--rounds", "0"])
+
+
+def test_table_names_where_each_rows_config_came_from():
+    # on an H100 a row may run the H200's row (same_arch): the table must say so, not only the config
+    row = {"shape": "b4-h16-n4096-d128-fp16-full", "tflops": {"ours": 630.0, "fa4": 620.0}, "best_peer": 620.0,
+           "ours_vs_best": 630.0 / 620.0, "notes": {}, "rounds": 1,
+           "config": "b4-h16-n4096-d128-fp16-full on NVIDIA H100 80GB HBM3 (sm_90): wgmma-...",
+           "source": "  source: same_arch — tuned on NVIDIA H200, another GPU of sm_90, exact shape, from h200.json"}
+    text = peers_table.markdown([row])
+    assert "| 630 |" in text and "1.02×" in text
+    assert "\n  - source: same_arch — tuned on NVIDIA H200" in text
