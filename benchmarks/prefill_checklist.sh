@@ -13,6 +13,9 @@
 #                                                   shipped table, $OUT/h200.json (and /tmp/h200-merged.json, which
 #                                                   `peers` on the same host then runs with), with its finalists merged
 #                                                   into $OUT/finalists-h200.json and its storage, $OUT/tables.db
+#   bash benchmarks/prefill_checklist.sh chunk-variants   the GQA chunk's grid Bc 192 loop variants and the Bc 128
+#                                                   grid tile, searched in one study and exported into TABLE_GPU's
+#                                                   table (/tmp/GPU-merged.json, which `stage` and `peers` then use)
 #   bash benchmarks/prefill_checklist.sh stage      carry .fa4a: stage it in /tmp/fa4 and build the kernels the peers
 #                                                   table's rows will run on this GPU (the short first run of the
 #                                                   FlashAttention-4 pair; `peers` follows on the same host)
@@ -302,6 +305,24 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
       rm -f "$OUT"/.autotune-*.lock
       cp "/tmp/$gpu-merged.json" "$OUT/$gpu.json"
     done ;;
+  chunk-variants)
+    # the GQA chunk (B1 H32/8 Nq512 Nk8192 d128 bf16), whose grid Bc 192 config ran 0.5 % behind FlashAttention-4 on
+    # the H100 (2026-12-06): that config's loop variants not yet timed on that tile (the 2026-12-06 retune tried
+    # them on persistent Bc 128 only), and the Bc 128 grid tile FlashAttention-4 runs (no partial last key tile:
+    # 8192 = 42 x 192 + 128), searched in one study, the finalists re-timed interleaved; exported like tail-table
+    # (TABLE_GPU, default h200; TAIL_EXPORT=0: time them, export nothing)
+    db=sqlite:///$OUT/chunk.db gpu=${TABLE_GPU:-h200}
+    [ -f "/tmp/$gpu-merged.json" ] || [ ! -f "studies/tuned/$gpu.json" ] || cp "studies/tuned/$gpu.json" "/tmp/$gpu-merged.json"
+    enqueue=()
+    for v in bc=192 bc=192,softmax_reduce=tree bc=192,o_rescale=fused bc=192,o_rescale=after bc=192,o_store=direct \
+             bc=176,softmax_reduce=tree bc=128 bc=128,stages=3; do enqueue+=(--enqueue "$G2,$v"); done
+    TAIL=4 step chunk_search 300 python3 -m autotune.cli search --seqlen 512 --seqlen-k 8192 --batch 1 --heads 32 \
+      --kv-heads 8 --head-dim 128 --dtype bf16 --family wgmma --trials 9 --retime 4 --storage "$db" "${enqueue[@]}"
+    [ "${TAIL_EXPORT:-1}" = 0 ] && exit 0
+    TAIL=3 step chunk_export 30 python3 -m autotune.cli export "/tmp/$gpu-merged.json" --gpu "$gpu" --storage "$db" \
+      --merge
+    rm -f "$OUT"/.autotune-*.lock
+    cp "/tmp/$gpu-merged.json" "$OUT/$gpu.json" ;;
   verify-counter)
     # causal persistent CTAs taking tiles from a counter: the wgmma GPU matrix, the counter's own test, then ncu's
     # duration of the shipped P config on both causal d128 rows and a non-causal control, this checkout against
