@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import os
 import socket
 import sqlite3
@@ -28,7 +29,7 @@ SHIPPED = Path(__file__).resolve().parent.parent / "studies" / "tuned" / "h200.j
 SHAPE = space.Shape(batch=4, heads=16, seqlen_q=4096, head_dim=128)
 CONFIG = space.default_config(SHAPE.problem, space.get_arch("sm_90"))
 N_SHIPPED = len(json.loads(SHIPPED.read_text())["rows"])
-# every shipped table (h200.json and h200-decode.json), in the order best lists them
+# every shipped table (h100.json, h200.json and h200-decode.json), in the order best lists them
 SHIPPED_FILES = sorted(SHIPPED.parent.glob("*.json"))
 N_ALL_SHIPPED = sum(len(json.loads(f.read_text())["rows"]) for f in SHIPPED_FILES)
 
@@ -274,11 +275,13 @@ def test_best_gpu_is_one_rule_with_a_warning_when_nothing_matches(tmp_path, caps
     assert main([*explain, "--gpu", "h20O"]) == 0
     out = capsys.readouterr()
     assert "--gpu 'h20O' matches no GPU with tuned rows" in out.err and "'NVIDIA H200'" in out.err
-    # explained for that name as a GPU of sm_90 with no rows of its own: the H200's rows stand in, said so
-    assert "source: same_arch" in out.out and "tuned on NVIDIA H200, another GPU of sm_90" in out.out
+    # explained for that name as a GPU of sm_90 with no rows of its own: another sm_90 GPU's row stands in (the
+    # H200's or the H100's: the faster of the two exact rows), said so
+    assert "source: same_arch" in out.out and re.search(r"tuned on NVIDIA H[12]00[^,]*, another GPU of sm_90", out.out)
     assert main(["best", "--gpu", "h20O", *storage]) == 0
     out = capsys.readouterr()
     assert "--gpu 'h20O' matches no GPU with tuned rows" in out.err and "no stored or shipped rows match" in out.out
-    assert main(["best", "--gpu", "H200", *storage]) == 0
-    assert f"({N_ALL_SHIPPED} row(s) from the tables shipped" in capsys.readouterr().out
+    assert main(["best", "--gpu", "H200", *storage]) == 0  # the H200's shipped rows, not the H100's
+    n_h200 = sum(r["gpu_name"] == "NVIDIA H200" for f in SHIPPED_FILES for r in json.loads(f.read_text())["rows"])
+    assert f"({n_h200} row(s) from the tables shipped" in capsys.readouterr().out
     assert empty.stat().st_size == 0  # nothing was written into the storage
