@@ -155,6 +155,23 @@ use_merged_tables() {  # `tables` or a retune ran on this host: its tables are w
     cp "$merged" "studies/tuned/$gpu.json" && echo "== on this host's $gpu table ($merged)"
   done
 }
+export_merged() {  # export_merged STEP DB GPU: DB's best rows merged over this host's copy of GPU's shipped table
+  # (/tmp/GPU-merged.json, which `stage` and `peers` then run with; seeded from studies/tuned/GPU.json where the
+  # host has none yet), brought back as $OUT/GPU.json
+  local step_name=$1 db=$2 gpu=$3
+  [ -f "/tmp/$gpu-merged.json" ] || [ ! -f "studies/tuned/$gpu.json" ] || cp "studies/tuned/$gpu.json" "/tmp/$gpu-merged.json"
+  TAIL=3 step "$step_name" 30 python3 -m autotune.cli export "/tmp/$gpu-merged.json" --gpu "$gpu" --storage "$db" --merge
+  rm -f "$OUT"/.autotune-*.lock  # the storage's lock files (a run brings back only a few files)
+  cp "/tmp/$gpu-merged.json" "$OUT/$gpu.json"
+}
+chunk_search() {  # chunk_search TRIALS CONFIG...: the GQA chunk row (B1 H32/8 Nq512 Nk8192 d128 bf16) searched with
+  # the configs enqueued after the family default, the finalists re-timed interleaved, into $OUT/chunk.db
+  local trials=$1 enqueue=() key; shift
+  for key in "$@"; do enqueue+=(--enqueue "$key"); done
+  TAIL=12 step chunk_search 300 python3 -m autotune.cli search --seqlen 512 --seqlen-k 8192 --batch 1 --heads 32 \
+    --kv-heads 8 --head-dim 128 --dtype bf16 --family wgmma --trials "$trials" --retime 4 \
+    --storage "sqlite:///$OUT/chunk.db" "${enqueue[@]}"
+}
 case "${1:-}" in
   vit-dram)
     for n in 577 576; do
@@ -167,13 +184,11 @@ case "${1:-}" in
     db=sqlite:///$OUT/tables.db
     TAIL=20 step tables_campaign $(( ${2:-170} + 30 )) python3 -m autotune.cli campaign "${3:-studies/campaigns/h200-models.toml}" \
       --budget-s "${2:-170}" --warm-from studies/tuned/h200.json --storage "$db" --markdown "$OUT/tables-campaign.md"
-    cp studies/tuned/h200.json /tmp/h200-merged.json
+    cp studies/tuned/h200.json /tmp/h200-merged.json  # over the shipped table, not an earlier step's merge
     cp studies/finalists/h200.json "$OUT/finalists-h200.json"
-    TAIL=5 step tables_export 30 python3 -m autotune.cli export /tmp/h200-merged.json --gpu h200 --storage "$db" --merge
     TAIL=3 step tables_finalists 30 python3 benchmarks/table_holds.py --write-finalists "$db" --merge \
       --finalists "$OUT/finalists-h200.json"
-    rm -f "$OUT"/.autotune-*.lock  # the storage's lock files (a run brings back only a few files)
-    cp /tmp/h200-merged.json "$OUT/h200.json" ;;
+    export_merged tables_export "$db" h200 ;;
   stage)
     use_merged_tables
     [ -d .fa4a ] || echo "== stage: .fa4a not carried (FlashAttention-4 will not install in \`peers\`)"
@@ -254,14 +269,8 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
     # the GQA chunk row searched again, seeded with the grid ping-pong config at Bc 192 and 176 (ncu on the H100,
     # 2026-12-06: 99.1 and 99.4 us against P's 100.8; Bc above 128 is not valid with P's persistent loop) and P;
     # exported over this host's copy of the shipped table into /tmp/h200-merged.json, which `peers` then runs
-    db=sqlite:///$OUT/chunk.db
-    TAIL=12 step chunk_search 300 python3 -m autotune.cli search --seqlen 512 --seqlen-k 8192 --batch 1 --heads 32 \
-      --kv-heads 8 --head-dim 128 --dtype bf16 --family wgmma --trials 6 --retime 4 --storage "$db" \
-      --enqueue "$G2,bc=192" --enqueue "$G2,bc=176" --enqueue "$SHIP_P"
-    [ -f /tmp/h200-merged.json ] || cp studies/tuned/h200.json /tmp/h200-merged.json
-    TAIL=5 step chunk_export 30 python3 -m autotune.cli export /tmp/h200-merged.json --gpu h200 --storage "$db" --merge
-    rm -f "$OUT"/.autotune-*.lock
-    cp /tmp/h200-merged.json "$OUT/h200.json" ;;
+    chunk_search 6 "$G2,bc=192" "$G2,bc=176" "$SHIP_P"
+    export_merged chunk_export "sqlite:///$OUT/chunk.db" h200 ;;
   tail)
     # the tail cut (2026-12-06): its matrix rows (the ids of the ladder's tail configs end exp2_fma, tail_split,
     # kv_splits, pack_gqa = none-1-1-0; no other config's do), its own test and the counter's (whose CUDA-graph part
@@ -287,7 +296,6 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
     # TAIL_ROWS=K: the first K rows only; TAIL_EXPORT=0: time them, export nothing; TABLE_GPU=h100: export into
     # that GPU's table (studies/tuned/h100.json, new if absent; `peers` then runs with it) instead of the H200's
     db=sqlite:///$OUT/tail.db gpu=${TABLE_GPU:-h200}
-    [ -f "/tmp/$gpu-merged.json" ] || [ ! -f "studies/tuned/$gpu.json" ] || cp "studies/tuned/$gpu.json" "/tmp/$gpu-merged.json"
     P2="$SHIP_P,tail_split=1|$SHIP_P" T2="$SHIP_T,tail_split=1|$SHIP_T"
     # B H N Nk D dtype trials configs; trials: the family's default (a fresh study tries it first), then the configs
     for row in "4 16 4096 4096 128 fp16 3 $P2" "1 24 4608 4608 128 bf16 3 $P2" "4 16 4096 4096 128 bf16 3 $P2" \
@@ -300,10 +308,7 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
         --seqlen-k "$nk" --batch "$b" --heads "$h" --kv-heads "$kv" --head-dim "$d" --dtype "$dt" --family wgmma \
         --trials "$trials" --retime 4 --storage "$db" "${enqueue[@]}"
       [ "${TAIL_EXPORT:-1}" = 0 ] && continue
-      TAIL=3 step "tail_export_$n-$d-$dt" 30 python3 -m autotune.cli export "/tmp/$gpu-merged.json" --gpu "$gpu" \
-        --storage "$db" --merge
-      rm -f "$OUT"/.autotune-*.lock
-      cp "/tmp/$gpu-merged.json" "$OUT/$gpu.json"
+      export_merged "tail_export_$n-$d-$dt" "$db" "$gpu"
     done ;;
   chunk-variants)
     # the GQA chunk (B1 H32/8 Nq512 Nk8192 d128 bf16), whose grid Bc 192 config ran 0.5 % behind FlashAttention-4 on
@@ -311,18 +316,10 @@ with lzma.open('.ptxas/ptxas.xz') as f, open('/tmp/ptxas-swap/ptxas', 'wb') as g
     # them on persistent Bc 128 only), and the Bc 128 grid tile FlashAttention-4 runs (no partial last key tile:
     # 8192 = 42 x 192 + 128), searched in one study, the finalists re-timed interleaved; exported like tail-table
     # (TABLE_GPU, default h200; TAIL_EXPORT=0: time them, export nothing)
-    db=sqlite:///$OUT/chunk.db gpu=${TABLE_GPU:-h200}
-    [ -f "/tmp/$gpu-merged.json" ] || [ ! -f "studies/tuned/$gpu.json" ] || cp "studies/tuned/$gpu.json" "/tmp/$gpu-merged.json"
-    enqueue=()
-    for v in bc=192 bc=192,softmax_reduce=tree bc=192,o_rescale=fused bc=192,o_rescale=after bc=192,o_store=direct \
-             bc=176,softmax_reduce=tree bc=128 bc=128,stages=3; do enqueue+=(--enqueue "$G2,$v"); done
-    TAIL=4 step chunk_search 300 python3 -m autotune.cli search --seqlen 512 --seqlen-k 8192 --batch 1 --heads 32 \
-      --kv-heads 8 --head-dim 128 --dtype bf16 --family wgmma --trials 9 --retime 4 --storage "$db" "${enqueue[@]}"
-    [ "${TAIL_EXPORT:-1}" = 0 ] && exit 0
-    TAIL=3 step chunk_export 30 python3 -m autotune.cli export "/tmp/$gpu-merged.json" --gpu "$gpu" --storage "$db" \
-      --merge
-    rm -f "$OUT"/.autotune-*.lock
-    cp "/tmp/$gpu-merged.json" "$OUT/$gpu.json" ;;
+    chunk_search 9 "$G2,bc=192" "$G2,bc=192,softmax_reduce=tree" "$G2,bc=192,o_rescale=fused" \
+      "$G2,bc=192,o_rescale=after" "$G2,bc=192,o_store=direct" "$G2,bc=176,softmax_reduce=tree" "$G2,bc=128" \
+      "$G2,bc=128,stages=3"
+    [ "${TAIL_EXPORT:-1}" = 0 ] || export_merged chunk_export "sqlite:///$OUT/chunk.db" "${TABLE_GPU:-h200}" ;;
   verify-counter)
     # causal persistent CTAs taking tiles from a counter: the wgmma GPU matrix, the counter's own test, then ncu's
     # duration of the shipped P config on both causal d128 rows and a non-causal control, this checkout against

@@ -27,6 +27,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -48,20 +49,14 @@ def log(*parts) -> None:
     print(*parts, flush=True)
 
 
-class _CombineCostLeftOut:
+def combine_cost_left_out():
     """tail_plan as it was before TAIL_COMBINE_COST (a cut decided on the pieces' cost alone), for shapes the plan
-    now runs whole: their cut's cost, measured, is what keeps them whole."""
+    now runs whole: their cut's cost, measured, is what keeps them whole. Patches sys.modules' space.wgmma, the
+    module the loader's `from space.wgmma import tail_plan` reads (the `space` package's attribute can be another
+    module object where a test has re-imported it)."""
+    import space.wgmma  # noqa: F401  (registers it in sys.modules)
 
-    # The module the loader's `from space.wgmma import tail_plan` reads, sys.modules' entry (the `space` package's
-    # attribute can be another module object where a test has re-imported it)
-    def __enter__(self):
-        import space.wgmma  # noqa: F401  (registers it in sys.modules)
-
-        self.module = sys.modules["space.wgmma"]
-        self.saved, self.module.TAIL_COMBINE_COST = self.module.TAIL_COMBINE_COST, 0
-
-    def __exit__(self, *exc):
-        self.module.TAIL_COMBINE_COST = self.saved
+    return mock.patch.object(sys.modules["space.wgmma"], "TAIL_COMBINE_COST", 0)
 
 
 def measure_row(shape_key: str, config_key: str | None, rounds: int, warmup_ms: float, rep_ms: float,
@@ -96,7 +91,7 @@ def measure_row(shape_key: str, config_key: str | None, rounds: int, warmup_ms: 
     cut = cut_run.prepare(q, k, v, o)
     note = ""
     if cut.combine is None and force_cut:
-        with _CombineCostLeftOut():
+        with combine_cost_left_out():
             cut = cut_run.prepare(q, k, v, o)
             result = check(cut_run, shape, seed=3)
         note = "(cut forced: the plan runs it whole)" if cut.combine is not None else ""
